@@ -1,0 +1,305 @@
+"""Reading pages from JSONL and WARC files: order, formats by content, damage survived."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import json
+import random
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from warcio.statusandheaders import StatusAndHeaders
+from warcio.warcwriter import WARCWriter
+
+from worker.contract import derive_page_id, max_line_bytes
+from worker.records import RawPage, Reason, Rejected
+from worker.sources import iter_pages
+
+LIMIT = 20_000
+HTML = (
+    "<html><head><title>城市交通</title></head><body><p>新建的地铁线路明年通车。</p></body></html>"
+)
+GBK = HTML.encode("gbk")
+
+
+def jsonl_line(n: int, **fields: Any) -> bytes:
+    message: dict[str, Any] = {
+        "url": f"https://example.cn/{n}",
+        "fetched_at": "2024-01-01T08:00:00Z",
+        "content_type": "text/html; charset=utf-8",
+        "html": HTML,
+    }
+    message.update(fields)
+    return json.dumps(message, ensure_ascii=False).encode() + b"\n"
+
+
+def urls(items: Iterable[RawPage | Rejected]) -> list[str]:
+    out = []
+    for item in items:
+        if isinstance(item, RawPage):
+            out.append(item.url)
+        else:
+            out.append(f"{item.reason}:{item.url}")
+    return out
+
+
+def read(*paths: Path | str, max_bytes: int = LIMIT) -> list[RawPage | Rejected]:
+    return list(iter_pages([str(p) for p in paths], max_bytes))
+
+
+# --- JSONL --------------------------------------------------------------------------
+
+
+def test_jsonl_in_order_blank_lines_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "pages.jsonl"
+    path.write_bytes(jsonl_line(1) + b"\n   \n" + jsonl_line(2) + jsonl_line(3).rstrip(b"\n"))
+    assert urls(read(path)) == [f"https://example.cn/{n}" for n in (1, 2, 3)]
+
+
+def test_jsonl_gzip_detected_by_content_not_name(tmp_path: Path) -> None:
+    path = tmp_path / "pages.txt"
+    path.write_bytes(gzip.compress(jsonl_line(1) + jsonl_line(2)))
+    assert urls(read(path)) == ["https://example.cn/1", "https://example.cn/2"]
+    plain = tmp_path / "plain.jsonl.gz"  # a misleading name on a plain file
+    plain.write_bytes(jsonl_line(3))
+    assert urls(read(plain)) == ["https://example.cn/3"]
+
+
+def test_jsonl_body_b64(tmp_path: Path) -> None:
+    path = tmp_path / "pages.jsonl"
+    b64 = base64.b64encode(GBK).decode()
+    path.write_bytes(jsonl_line(1, html=None, body_b64=b64).replace(b'"html": null, ', b""))
+    [page] = read(path)
+    assert isinstance(page, RawPage) and page.body == GBK
+
+
+def test_jsonl_bad_lines_in_the_middle_keep_going(tmp_path: Path) -> None:
+    path = tmp_path / "pages.jsonl"
+    path.write_bytes(
+        jsonl_line(1)
+        + b'{"url": "https://example.cn/broken", "html": \n'
+        + jsonl_line(2).replace("城市".encode(), "城市".encode("gbk"))  # not UTF-8
+        + jsonl_line(3, fetched_at="yesterday")
+        + jsonl_line(4, html="x" * (LIMIT + 1))
+        + jsonl_line(5)
+    )
+    items = read(path)
+    assert urls(items) == [
+        "https://example.cn/1",
+        "bad_json:https://example.cn/broken",
+        "bad_json:https://example.cn/2",
+        "schema:https://example.cn/3",
+        "too_large:https://example.cn/4",
+        "https://example.cn/5",
+    ]
+    rejected = [i for i in items if isinstance(i, Rejected)]
+    assert [r.detail.split(": ")[0] for r in rejected] == [f"{path}:{n}" for n in (2, 3, 4, 5)]
+
+
+def test_jsonl_overlong_line_rejected_without_reading_it_whole(tmp_path: Path) -> None:
+    path = tmp_path / "pages.jsonl"
+    huge = jsonl_line(2, html="x" * (max_line_bytes(100) * 3))
+    path.write_bytes(jsonl_line(1) + huge + jsonl_line(3))
+    items = read(path, max_bytes=100 * 1000)
+    assert urls(items)[0] == "https://example.cn/1"
+    items = read(path, max_bytes=100)
+    assert [getattr(i, "reason", None) for i in items] == [
+        Reason.TOO_LARGE,  # line 1 is over 100 bytes of body too
+        Reason.TOO_LARGE,
+        Reason.TOO_LARGE,
+    ]
+    assert urls(items)[1] == "too_large:https://example.cn/2"
+
+
+def test_jsonl_truncated_gzip_keeps_what_came_before(tmp_path: Path) -> None:
+    data = gzip.compress(b"".join(jsonl_line(n) for n in range(50)))
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(data[: len(data) - 20])
+    items = read(path)
+    assert all(isinstance(i, RawPage) for i in items[:-2])
+    last = items[-1]
+    assert isinstance(last, Rejected) and last.reason is Reason.BAD_INPUT
+    assert "rest of file skipped" in last.detail
+
+
+def test_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
+    stdin = io.TextIOWrapper(io.BytesIO(jsonl_line(1) + jsonl_line(2)))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert urls(iter_pages(["-"], LIMIT)) == ["https://example.cn/1", "https://example.cn/2"]
+
+
+def test_missing_file_is_an_operator_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
+        read(tmp_path / "nope.jsonl")
+
+
+# --- WARC ---------------------------------------------------------------------------
+
+
+def http(status: str = "200 OK", **headers: str) -> StatusAndHeaders:
+    pairs = [(k.replace("_", "-"), v) for k, v in headers.items()]
+    return StatusAndHeaders(status, pairs, protocol="HTTP/1.1")
+
+
+def chunked(body: bytes, size: int = 7) -> bytes:
+    parts = [
+        b"%x\r\n%s\r\n" % (len(body[i : i + size]), body[i : i + size])
+        for i in range(0, len(body), size)
+    ]
+    return b"".join(parts) + b"0\r\n\r\n"
+
+
+Record = tuple[str, str, bytes, StatusAndHeaders | None, str | None]
+
+
+def rec(
+    kind: str,
+    url: str,
+    payload: bytes = b"",
+    http: StatusAndHeaders | None = None,
+    warc_type: str | None = None,
+) -> Record:
+    return kind, url, payload, http, warc_type
+
+
+def write_warc(path: Path, records: list[Record], *, gz: bool) -> None:
+    with path.open("wb") as fh:
+        writer = WARCWriter(fh, gzip=gz)
+        for kind, url, payload, headers, warc_type in records:
+            writer.write_record(
+                writer.create_warc_record(
+                    url,
+                    kind,
+                    payload=io.BytesIO(payload),
+                    http_headers=headers,
+                    warc_content_type=warc_type,
+                )
+            )
+
+
+def page_rec(url: str, body: bytes = GBK) -> Record:
+    return rec("response", url, body, http(Content_Type="text/html"))
+
+
+def standard_records() -> list[Record]:
+    fields = "application/warc-fields"
+    get = StatusAndHeaders("GET /1 HTTP/1.1", [("Host", "example.cn")], is_http_request=True)
+    return [
+        rec("warcinfo", "dns:example.cn", b"software: test\r\n", warc_type=fields),
+        rec("request", "https://example.cn/1", http=get),
+        rec("response", "https://example.cn/1", GBK, http(Content_Type="text/html; charset=gbk")),
+        rec("metadata", "https://example.cn/1", b"via: x\r\n", warc_type=fields),
+        rec("response", "https://example.cn/2", chunked(GBK), http(Transfer_Encoding="chunked")),
+        rec(
+            "response",
+            "https://example.cn/3",
+            gzip.compress(GBK),
+            http(Content_Type="text/html", Content_Encoding="gzip"),
+        ),
+        rec("response", "https://example.cn/old", http=http("301 Moved", Location="/1")),
+        rec("response", "dns:example.cn", b"example.cn. 60 IN A 1.2.3.4", warc_type="text/dns"),
+        rec("resource", "https://example.cn/4", GBK, warc_type="text/html"),
+        rec("resource", "https://example.cn/logo.png", b"\x89PNG", warc_type="image/png"),
+    ]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_warc_takes_pages_and_skips_the_rest(tmp_path: Path, gz: bool) -> None:
+    path = tmp_path / ("crawl.warc.gz" if gz else "crawl.warc")
+    write_warc(path, standard_records(), gz=gz)
+    pages = read(path)
+    assert urls(pages) == [f"https://example.cn/{n}" for n in (1, 2, 3, 4)]
+    for page in pages:
+        assert isinstance(page, RawPage)
+        assert page.body == GBK  # chunking and gzip content encoding undone
+        assert page.page_id == derive_page_id(page.url)
+        assert page.fetched_at.endswith("Z")
+    assert [p.content_type for p in pages if isinstance(p, RawPage)] == [
+        "text/html; charset=gbk",
+        "text/html",  # absent: the default
+        "text/html",
+        "text/html",
+    ]
+
+
+def test_warc_body_over_limit(tmp_path: Path) -> None:
+    path = tmp_path / "big.warc.gz"
+    records = [page_rec("https://example.cn/big", b"x" * 5000), page_rec("https://example.cn/1")]
+    write_warc(path, records, gz=True)
+    assert urls(read(path, max_bytes=1000)) == [
+        "too_large:https://example.cn/big",
+        "https://example.cn/1",
+    ]
+
+
+def test_warc_gzipped_whole_is_read(tmp_path: Path) -> None:
+    plain = tmp_path / "crawl.warc"
+    write_warc(plain, standard_records(), gz=False)
+    whole = tmp_path / "crawl.warc.gz"
+    whole.write_bytes(gzip.compress(plain.read_bytes()))
+    assert urls(read(whole)) == [f"https://example.cn/{n}" for n in (1, 2, 3, 4)]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_warc_truncated_keeps_earlier_records(tmp_path: Path, gz: bool) -> None:
+    path = tmp_path / "cut.warc"
+    write_warc(path, [page_rec(f"https://example.cn/{n}", GBK * 20) for n in range(3)], gz=gz)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 200])
+    items = read(path)
+    assert urls(items)[:2] == ["https://example.cn/0", "https://example.cn/1"]
+    assert isinstance(items[2], Rejected) and items[2].reason is Reason.BAD_INPUT
+    assert "truncated" in items[2].detail
+
+
+def test_warc_garbage_record_stops_file_with_reason(tmp_path: Path) -> None:
+    path = tmp_path / "bad.warc"
+    write_warc(path, [page_rec(f"https://example.cn/{n}") for n in range(3)], gz=False)
+    data = path.read_bytes()
+    second = data.index(b"WARC/1", 10)
+    path.write_bytes(data[:second] + b"GARBAGE" + data[second + 7 :])
+    items = read(path, tmp_path / "bad.warc")  # the same file twice: both are read
+    assert urls(items)[0] == "https://example.cn/0"
+    assert isinstance(items[1], Rejected) and items[1].reason is Reason.BAD_INPUT
+    assert "rest of file skipped" in items[1].detail
+    assert urls(items)[2] == "https://example.cn/0"
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_warc_random_damage_never_raises(tmp_path: Path, gz: bool) -> None:
+    path = tmp_path / "fuzz.warc"
+    write_warc(path, standard_records(), gz=gz)
+    data = path.read_bytes()
+    rng = random.Random(7)
+    for _ in range(60):
+        damaged = bytearray(data)
+        for _ in range(rng.randrange(1, 6)):
+            damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        path.write_bytes(bytes(damaged))
+        for item in read(path):
+            assert isinstance(item, RawPage | Rejected)
+
+
+def test_mixed_inputs_keep_file_order(tmp_path: Path) -> None:
+    first = tmp_path / "a.jsonl"
+    first.write_bytes(jsonl_line(1))
+    warc = tmp_path / "b.warc.gz"
+    write_warc(warc, standard_records()[2:3], gz=True)
+    last = tmp_path / "c.jsonl.gz"
+    last.write_bytes(gzip.compress(jsonl_line(9)))
+    assert urls(read(first, warc, last)) == [
+        "https://example.cn/1",
+        "https://example.cn/1",
+        "https://example.cn/9",
+    ]
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty"
+    path.write_bytes(b"")
+    assert read(path) == []

@@ -1,0 +1,268 @@
+"""Raw pages from files: JSONL (plain or gzip) and WARC (plain or gzip), in order.
+
+The format is told by content, not by name: gzip by its magic bytes, WARC by ``WARC/`` at
+the start of the (decompressed) stream; anything else is read as JSONL. ``-`` is stdin,
+read as plain JSONL.
+Broken input becomes ``Rejected`` records; a file that cannot be read on stops with one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+import sys
+import zlib
+from collections.abc import Generator, Iterator, Sequence
+from typing import Any, Protocol
+
+from warcio.archiveiterator import ArchiveIterator
+
+from worker.contract import derive_page_id, max_line_bytes, parse_raw
+from worker.records import RawPage, Reason, Rejected
+
+STDIN = "-"
+_GZIP_MAGIC = b"\x1f\x8b"
+_WARC_MAGIC = b"WARC/"
+_HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+_WHOLE_FILE_GZIP = "non-chunked gzip"  # in warcio's ArchiveLoadFailed for such a file
+# What a damaged gzip stream or file raises while being read.
+_STREAM_ERRORS = (OSError, EOFError, zlib.error)
+
+
+class _Lines(Protocol):
+    """What a plain file, a GzipFile and stdin all offer."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+
+def iter_pages(paths: Sequence[str], max_bytes: int) -> Iterator[RawPage | Rejected]:
+    """Every page of every file, in file order then record order.
+
+    Raises ``FileNotFoundError`` before yielding anything if a path does not exist: that is
+    a mistake in the command, not bad data. Everything after that is data, never an error.
+    """
+    missing = [p for p in paths if p != STDIN and not os.path.exists(p)]
+    if missing:
+        raise FileNotFoundError(f"no such input file: {', '.join(missing)}")
+    for path in paths:
+        if path == STDIN:
+            yield from _jsonl_pages(sys.stdin.buffer, "<stdin>", max_bytes)
+        else:
+            yield from _file_pages(path, max_bytes)
+
+
+def _sniff(path: str) -> tuple[bool, bool]:
+    """(gzipped, WARC) from the first bytes, decompressed if need be."""
+    with open(path, "rb") as fh:
+        gzipped = fh.read(len(_GZIP_MAGIC)) == _GZIP_MAGIC
+    if gzipped:
+        with gzip.open(path, "rb") as fh:
+            return True, fh.read(len(_WARC_MAGIC)) == _WARC_MAGIC
+    with open(path, "rb") as fh:
+        return False, fh.read(len(_WARC_MAGIC)) == _WARC_MAGIC
+
+
+def _file_pages(path: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
+    try:
+        gzipped, warc = _sniff(path)
+    except _STREAM_ERRORS as exc:
+        yield _bad_input(f"{path}: cannot read: {_say(exc)}")
+        return
+    if warc:
+        yield from _warc_file_pages(path, max_bytes)
+        return
+    with gzip.open(path, "rb") if gzipped else open(path, "rb") as stream:
+        yield from _jsonl_pages(stream, path, max_bytes)
+
+
+def _warc_file_pages(path: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
+    # warcio reads a .warc.gz member by member, which keeps the records before a damaged
+    # or truncated member. It refuses a WARC gzipped whole as one member; that file is then
+    # read again through GzipFile, past the records already given.
+    with open(path, "rb") as fh:
+        done = yield from _warc_pages(fh, path, max_bytes, skip=0)
+    if done is not None:
+        with gzip.open(path, "rb") as fh:
+            yield from _warc_pages(fh, path, max_bytes, skip=done)
+
+
+def _say(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _bad_input(detail: str, url: str | None = None) -> Rejected:
+    page_id = derive_page_id(url) if url else None
+    return Rejected(Reason.BAD_INPUT, detail, page_id=page_id, url=url)
+
+
+def _jsonl_pages(stream: _Lines, name: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
+    limit = max_line_bytes(max_bytes)
+    lineno = 0
+    while True:
+        try:
+            line = stream.readline(limit + 1)
+            if len(line) > limit and not line.endswith(b"\n"):
+                # Rejected from its head by parse_raw; the rest is read past, never held.
+                _skip_rest_of_line(stream, limit)
+        except _STREAM_ERRORS as exc:
+            detail = f"{name}:{lineno + 1}: stream broken, rest of file skipped: {_say(exc)}"
+            yield _bad_input(detail)
+            return
+        if not line:
+            return
+        lineno += 1
+        if not line.strip():
+            continue
+        result = parse_raw(line, max_bytes)
+        if isinstance(result, Rejected):
+            result = dataclasses.replace(result, detail=f"{name}:{lineno}: {result.detail}")
+        yield result
+
+
+def _skip_rest_of_line(stream: _Lines, chunk: int) -> None:
+    while True:
+        piece = stream.readline(chunk)
+        if not piece or piece.endswith(b"\n"):
+            return
+
+
+def _warc_pages(
+    stream: _Lines, name: str, max_bytes: int, skip: int
+) -> Generator[RawPage | Rejected, None, int | None]:
+    """Pages of the records after the first ``skip``. Returns None when done, or the number
+    of records read if warcio found one gzip member holding several records."""
+    archive = ArchiveIterator(stream)
+    records = iter(archive)
+    number = 0
+    while True:
+        number += 1
+        try:
+            record = next(records)
+        except StopIteration:
+            if skip == 0:  # offsets are of the file itself only on the first pass
+                lost = _unread_tail(name, archive.member_info)
+                if lost:
+                    yield _bad_input(
+                        f"{name}: {lost} bytes after WARC record {number - 1} could not be "
+                        "read (truncated or damaged file)"
+                    )
+            return None
+        # warcio raises its own ArchiveLoadFailed, but also ValueError, EOFError and zlib
+        # errors from deep inside on a damaged file; after any of them the reader's position
+        # is unknown, so the rest of the file is given up.
+        except Exception as exc:
+            if _WHOLE_FILE_GZIP in str(exc) and skip == 0:
+                return number - 1
+            yield _bad_input(f"{name}: WARC record {number}: {_say(exc)}; rest of file skipped")
+            return None
+        if number <= skip:
+            continue
+        url = _target_uri(record)
+        try:
+            page = _page_from_record(record, url, max_bytes)
+        # A record whose payload cannot be read (bad chunking, bad Content-Encoding) is
+        # dead-lettered; the iterator skips to the next record by the WARC's own length.
+        except Exception as exc:
+            yield _bad_input(f"{name}: WARC record {number}: {_say(exc)}", url)
+            continue
+        if isinstance(page, Rejected):
+            yield dataclasses.replace(page, detail=f"{name}: WARC record {number}: {page.detail}")
+        elif page is not None:
+            yield page
+
+
+def _unread_tail(path: str, last_member: tuple[int, int] | None) -> int:
+    """Bytes after the end of the last record warcio read, blank lines not counted.
+
+    warcio ends quietly when the last gzip member is cut short inside its headers, so a
+    truncated .warc.gz would otherwise lose its last records without a word.
+    """
+    end = sum(last_member) if last_member else 0
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(end)
+            tail = fh.read(64)
+            more = fh.read(1)
+            size = fh.seek(0, os.SEEK_END)
+    except OSError:
+        return 0  # it was readable a moment ago; nothing useful to add
+    return 0 if not tail.strip() and not more else size - end
+
+
+def _target_uri(record: Any) -> str | None:
+    uri = record.rec_headers.get_header("WARC-Target-URI")
+    if not isinstance(uri, str):
+        return None
+    uri = uri.strip()
+    # WARC 1.0's grammar showed the URI in angle brackets and some writers followed it.
+    if uri.startswith("<") and uri.endswith(">"):
+        uri = uri[1:-1].strip()
+    return uri or None
+
+
+def _page_type(record: Any) -> str | None:
+    """The Content-Type of the page a record holds; None for records that hold no page:
+    requests, metadata, non-HTTP or non-2xx responses, resources that are not HTML."""
+    if record.rec_type == "response":
+        http = record.http_headers
+        if http is None:  # not an HTTP response (dns:, whois:)
+            return None
+        if not str(http.get_statuscode()).startswith("2"):
+            return None  # redirects and errors hold no page of the URL
+        return str(http.get_header("Content-Type") or "text/html")
+    if record.rec_type == "resource":
+        content_type = str(record.rec_headers.get_header("Content-Type") or "")
+        if content_type.split(";", 1)[0].strip().lower() in _HTML_TYPES:
+            return content_type
+    return None
+
+
+def _page_from_record(record: Any, url: str | None, max_bytes: int) -> RawPage | Rejected | None:
+    """The page a record holds, a Rejected if it is unusable, None if it holds no page."""
+    content_type = _page_type(record)
+    if content_type is None:
+        return None
+    if url is None:
+        return _bad_input(f"{record.rec_type} record without WARC-Target-URI")
+    fetched_at = record.rec_headers.get_header("WARC-Date")
+    if not fetched_at:
+        return _bad_input(f"{record.rec_type} record without WARC-Date", url)
+    # content_stream undoes chunked transfer and gzip/deflate/br content encodings; reading
+    # one byte past the limit bounds what a compression bomb can cost.
+    body = _read_at_most(record.content_stream(), max_bytes + 1)
+    if len(body) > max_bytes:
+        return Rejected(
+            Reason.TOO_LARGE, f"body is over {max_bytes} bytes", derive_page_id(url), url
+        )
+    missing = _bytes_missing(record)
+    if missing:
+        return _bad_input(f"record truncated: {missing} of {record.length} bytes missing", url)
+    return RawPage(
+        page_id=derive_page_id(url),
+        url=url,
+        fetched_at=str(fetched_at),
+        content_type=content_type,
+        body=body,
+    )
+
+
+def _bytes_missing(record: Any) -> int:
+    """How many bytes of the record's declared Content-Length the file does not have."""
+    raw = record.raw_stream
+    while raw.read(64 * 1024):  # what follows the payload (chunk trailers, padding)
+        pass
+    return int(getattr(raw, "limit", 0))
+
+
+def _read_at_most(stream: Any, size: int) -> bytes:
+    chunks: list[bytes] = []
+    got = 0
+    while got < size:
+        chunk = stream.read(size - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
