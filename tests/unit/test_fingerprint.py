@@ -1,0 +1,145 @@
+"""Fingerprints: golden values (the stored index depends on them) and SimHash properties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.corpus import ARTICLES, HARD_A, HARD_B
+from worker.config import EngineConfig
+from worker.fingerprint import (
+    combine,
+    content_words,
+    fingerprint,
+    hamming,
+    hash64,
+    period_strings,
+    simhash_weighted,
+)
+from worker.normalise import normalise
+
+CFG = EngineConfig()
+
+
+def fp_of(paragraphs: list[str], cfg: EngineConfig = CFG) -> tuple[int, int]:
+    text = normalise("\n".join(paragraphs))
+    f = fingerprint(text, cfg, [])
+    return f.fp1, f.fp2
+
+
+# Changing any of these changes every stored index: bump store.FORMAT_VERSION with them.
+GOLDEN = {
+    "hash64": 0xF4BA3C34F50C75AD,
+    "rail": (0xA69A78E5724B25FB, 0x22A3A0BE5013717A),
+}
+
+
+def test_hash64_is_murmur3_x64_first_half() -> None:
+    assert hash64("近日") == GOLDEN["hash64"]
+
+
+def test_golden_fingerprints() -> None:
+    assert fp_of(ARTICLES["rail"]) == GOLDEN["rail"]
+
+
+def test_segmenters_agree_closely() -> None:
+    a = fp_of(ARTICLES["library"], CFG)
+    b = fp_of(ARTICLES["library"], CFG.with_overrides(segmenter="jieba"))
+    assert hamming(a[0], b[0]) <= 3
+
+
+def test_simhash_matches_the_definition() -> None:
+    hashes = np.array([1, 2, 3, 0xFFFFFFFFFFFFFFFF, 0x8000000000000000], dtype=np.uint64)
+    weights = np.array([1.0, 1.0, 1.0, 2.0, 0.5])
+    expected = 0
+    for bit in range(64):
+        vote = sum(w if (int(h) >> bit) & 1 else -w for h, w in zip(hashes, weights, strict=True))
+        expected |= (vote > 0) << bit
+    assert simhash_weighted(hashes, weights) == expected
+
+
+def test_combine_is_ordered() -> None:
+    a, b = np.array([hash64("甲")], dtype=np.uint64), np.array([hash64("乙")], dtype=np.uint64)
+    assert combine(a, b)[0] != combine(b, a)[0]
+
+
+def test_period_strings() -> None:
+    text = "第一句话很长很长很长很长。短句。。最后没有句号"
+    assert period_strings(text, 6) == ["很长很长很长", "短句"]
+    assert period_strings("a, b。", 10) == ["ab"]
+
+
+def test_stopwords_and_punctuation_are_dropped() -> None:
+    words = content_words("我们的城市，在今天！", CFG)
+    assert "的" not in words and "," not in words and "城市" in words
+
+
+def test_script_and_width_variants_fingerprint_alike() -> None:
+    simp = ARTICLES["museum"]
+    import opencc
+
+    trad = [opencc.OpenCC("s2t").convert(p) for p in simp]
+    # punctuation and letters in the other width: identical after normalisation
+    wide = [p.replace("，", ",").replace("。", "｡") + "ＶＲ２０２６" for p in simp]
+    narrow = [p + "VR2026" for p in simp]
+    base = fp_of(simp)
+    assert hamming(base[0], fp_of(trad)[0]) <= 3
+    assert fp_of(wide) == fp_of(narrow)
+
+
+def test_different_articles_are_far_apart() -> None:
+    fps = {name: fp_of(paras)[0] for name, paras in ARTICLES.items()}
+    names = sorted(fps)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert hamming(fps[a], fps[b]) > 12, (a, b)
+    assert hamming(fp_of(HARD_A)[0], fp_of(HARD_B)[0]) > 6
+
+
+# A news-length text (about 1,100 characters): SimHash distances of small edits only
+# stay small when the edit is a small share of the features.
+LONG = ARTICLES["rail"] + ARTICLES["harvest"] + ARTICLES["heatwave"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, len(LONG) - 1), st.integers(0, 40), st.sampled_from("的了是在和与及新旧大小"))
+def test_one_character_edit_gives_a_small_distance(para: int, pos: int, char: str) -> None:
+    paras = list(LONG)
+    p = paras[para]
+    pos = min(pos, len(p) - 1)
+    paras[para] = p[:pos] + char + p[pos + 1 :]
+    a, b = fp_of(LONG), fp_of(paras)
+    # unrelated texts sit near 32; one edit moves a few of ~350 features
+    assert hamming(a[0], b[0]) <= 12
+
+
+def test_one_character_edits_move_few_bits_on_average() -> None:
+    import random
+    import statistics
+
+    rng = random.Random(7)
+    base = fp_of(LONG)[0]
+    distances = []
+    for _ in range(150):
+        paras = list(LONG)
+        i = rng.randrange(len(paras))
+        j = rng.randrange(len(paras[i]))
+        paras[i] = paras[i][:j] + rng.choice("的了是在和与及新旧大小") + paras[i][j + 1 :]
+        distances.append(hamming(base, fp_of(paras)[0]))
+    assert statistics.median(distances) <= 4
+    assert max(distances) <= 12
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+def test_distance_is_a_metric_on_bits(a: int, b: int) -> None:
+    assert hamming(a, a) == 0
+    assert hamming(a, b) == hamming(b, a)
+    assert 0 <= hamming(a, b) <= 64
+
+
+@pytest.mark.parametrize("name", sorted(ARTICLES))
+def test_fingerprint_is_deterministic(name: str) -> None:
+    assert fp_of(ARTICLES[name]) == fp_of(list(ARTICLES[name]))

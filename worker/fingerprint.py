@@ -1,0 +1,259 @@
+"""Features and fingerprints of a normalised text.
+
+* primary: 64-bit SimHash of consecutive word pairs weighted by term frequency;
+* secondary: 64-bit SimHash of keyword windows (tf-idf, part of speech, length and
+  first position choose the keywords; synonyms folded);
+* period feature strings: the ``period_len`` characters before each 。, hashed.
+
+The stored index depends on these values: ``tests/unit/test_fingerprint.py`` pins them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import mmh3
+import numpy as np
+import numpy.typing as npt
+
+from worker.config import EngineConfig
+from worker.lexicon import STOPWORDS, SYNONYMS
+
+U64 = npt.NDArray[np.uint64]
+# Word tokens: anything with a letter, digit or ideograph in it; punctuation goes.
+_WORDLIKE = re.compile(r"\w")
+# Period feature strings ignore everything but letters, digits, ideographs and 。.
+_NOT_CONTENT = re.compile(r"[^\w。]|_")
+# Parts of speech (jieba tags) that make a keyword: nouns, names, verbs, verbal nouns.
+_KEYWORD_POS = frozenset({"n", "nr", "nrt", "nrfg", "ns", "nt", "nz", "v", "vn", "eng", "j", "l"})
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprints:
+    """What the index stores and the decision compares."""
+
+    fp1: int
+    fp2: int
+    strings: tuple[int, ...]  # sorted, distinct hashes of period feature strings
+    words: int  # number of content words (after stopwords)
+    shingles: int = 0  # number of distinct character 5-grams
+    sketch: bytes = b""  # bottom-k sketch of those 5-grams: sorted little-endian uint32
+
+
+#: Characters per shingle of the verification sketch.
+SHINGLE_CHARS = 5
+
+
+def hash64(feature: str) -> int:
+    """Unsigned 64-bit MurmurHash3 (x64_128, seed 0, first half) of a UTF-8 string."""
+    return int(mmh3.hash64(feature, seed=0, x64arch=True, signed=False)[0])
+
+
+def _mix(x: U64) -> U64:
+    """SplitMix64's finaliser, elementwise; uint64 arithmetic wraps by design."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def combine(a: U64, b: U64) -> U64:
+    """Hash of the ordered pair (a, b) of word hashes."""
+    return _mix(a ^ _mix(b + np.uint64(0x9E3779B97F4A7C15)))
+
+
+def word_hashes(words: Sequence[str]) -> U64:
+    """``hash64`` of each word, hashing each distinct word once."""
+    table = {w: hash64(w) for w in dict.fromkeys(words)}
+    return np.fromiter((table[w] for w in words), dtype=np.uint64, count=len(words))
+
+
+def simhash_weighted(hashes: U64, weights: npt.NDArray[np.float64] | npt.NDArray[np.int64]) -> int:
+    """Charikar's SimHash: bit i is set when the weighted vote of the hashes' bit i is positive."""
+    if len(hashes) == 0:
+        return 0
+    bits = np.unpackbits(
+        hashes.astype("<u8").view(np.uint8).reshape(-1, 8), axis=1, bitorder="little"
+    )
+    votes = np.asarray(weights, dtype=np.float64) @ (2.0 * bits - 1.0)
+    return int(np.packbits(votes > 0, bitorder="little").view("<u8")[0])
+
+
+def simhash(features: Counter[str]) -> int:
+    """SimHash of string features weighted by their counts (used by the baselines)."""
+    hashes = np.fromiter((hash64(f) for f in features), dtype=np.uint64, count=len(features))
+    return simhash_weighted(
+        hashes, np.fromiter(features.values(), dtype=np.float64, count=len(features))
+    )
+
+
+def hamming(a: int, b: int) -> int:
+    return (a ^ b).bit_count()
+
+
+def period_strings(text: str, length: int) -> list[str]:
+    """The ``length`` characters before each 。 (or the text since the previous 。 if shorter)."""
+    pieces = _NOT_CONTENT.sub("", text).split("。")
+    return [piece[-length:] for piece in pieces[:-1] if piece]
+
+
+@lru_cache(maxsize=2)
+def segmenter(name: str) -> Callable[[str], list[str]]:
+    """The word segmenter named in the config. Both share jieba's dictionary."""
+    if name == "rjieba":
+        import rjieba
+
+        return lambda text: list(rjieba.cut(text))
+    import jieba
+
+    jieba.setLogLevel(60)
+    tokenizer = jieba.Tokenizer()
+    tokenizer.initialize()
+    lcut: Callable[[str], list[str]] = tokenizer.lcut
+    return lcut
+
+
+@lru_cache(maxsize=1)
+def _lexicon() -> tuple[dict[str, float], frozenset[str], float]:
+    """IDF of words, and the words whose part of speech rules them out as keywords,
+    from the tables that ship with jieba (immutable once loaded)."""
+    import jieba
+    import jieba.analyse
+
+    idf: dict[str, float] = {}
+    idf_path = os.path.join(os.path.dirname(jieba.analyse.__file__), "idf.txt")
+    with open(idf_path, encoding="utf-8") as fh:
+        for line in fh:
+            word, _, value = line.rstrip().partition(" ")
+            if value:
+                idf[word] = float(value)
+    not_content: set[str] = set()
+    with open(os.path.join(os.path.dirname(jieba.__file__), "dict.txt"), encoding="utf-8") as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) == 3 and parts[2] not in _KEYWORD_POS:
+                not_content.add(parts[0])
+    median_idf = float(np.median(np.fromiter(idf.values(), dtype=np.float64)))
+    return idf, frozenset(not_content), median_idf
+
+
+def content_words(text: str, cfg: EngineConfig) -> list[str]:
+    """Segmented words of ``text`` without punctuation, spaces and stopwords."""
+    words = segmenter(cfg.segmenter)(text)
+    return [w for w in words if w not in STOPWORDS and _WORDLIKE.search(w)]
+
+
+def pair_features(hashes: U64) -> tuple[U64, npt.NDArray[np.int64]]:
+    """Distinct consecutive word pairs (shingles of two words) and their counts."""
+    return np.unique(combine(hashes[:-1], hashes[1:]), return_counts=True)
+
+
+def keywords(
+    vocab: Sequence[str], tf: npt.NDArray[np.int64], first: npt.NDArray[np.int64], count: int
+) -> list[int]:
+    """Indices into ``vocab`` of the ``count`` best keywords.
+
+    Score: tf-idf, boosted for an early first position and for longer words; only content
+    parts of speech (or words unknown to the dictionary, which are often names) qualify.
+    """
+    idf, not_content, median_idf = _lexicon()
+    n = max(int(tf.sum()), 1)
+    scored: list[tuple[float, str, int]] = []
+    for i, (w, c, f) in enumerate(zip(vocab, tf.tolist(), first.tolist(), strict=True)):
+        if len(w) < 2 or w in not_content or w.isdigit():
+            continue
+        score = c * idf.get(w, median_idf) * (1.5 - 0.5 * f / n) * (0.8 + 0.1 * min(len(w), 5))
+        scored.append((-score, w, i))
+    scored.sort()
+    return [i for _, _, i in scored[:count]]
+
+
+def _ids(items: Iterable[str], count: int) -> tuple[list[str], npt.NDArray[np.int64]]:
+    """Distinct items in order of first occurrence, and each item's index among them."""
+    vocab: dict[str, int] = {}
+    ids = np.fromiter((vocab.setdefault(w, len(vocab)) for w in items), dtype=np.int64, count=count)
+    return list(vocab), ids
+
+
+def _hashes(vocab: Sequence[str]) -> U64:
+    return np.fromiter((hash64(w) for w in vocab), dtype=np.uint64, count=len(vocab))
+
+
+def window_features(
+    canon: Sequence[str], ids: npt.NDArray[np.int64], count: int, window: int
+) -> tuple[U64, npt.NDArray[np.int64]]:
+    """Distinct (keyword, neighbour) pairs for the ``window`` words either side of each
+    keyword occurrence, with their counts. ``canon`` is the vocabulary, synonyms folded,
+    and ``ids`` the text as indices into it."""
+    if len(ids) == 0:
+        return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
+    tf = np.bincount(ids, minlength=len(canon))
+    first = np.unique(ids, return_index=True)[1]
+    chosen = keywords(canon, tf, first, count)
+    hashes = _hashes(canon)[ids]
+    at = np.nonzero(np.isin(ids, chosen))[0]
+    parts = []
+    for d in range(1, window + 1):
+        for nb in (at - d, at + d):
+            ok = (nb >= 0) & (nb < len(ids))
+            parts.append(combine(hashes[at[ok]], hashes[nb[ok]]))
+    return np.unique(np.concatenate(parts), return_counts=True)
+
+
+def char_shingles(text: str, n: int = SHINGLE_CHARS) -> npt.NDArray[np.uint32]:
+    """Distinct 32-bit hashes of the character ``n``-grams of ``text``'s letters, digits and
+    ideographs (a text shorter than ``n`` is one shingle)."""
+    content = _NOT_CONTENT.sub("", text).replace("。", "")
+    codes = np.frombuffer(content.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+    if len(codes) == 0:
+        return np.empty(0, dtype=np.uint32)
+    n = min(n, len(codes))
+    h = np.zeros(len(codes) - n + 1, dtype=np.uint64)
+    for i in range(n):
+        h = h * np.uint64(0x100000001B3) + codes[i : len(codes) - n + 1 + i]
+    return np.unique((_mix(h) >> np.uint64(32)).astype(np.uint32))
+
+
+def bottom_k(hashes: npt.NDArray[np.uint32], k: int) -> bytes:
+    """The ``k`` smallest of distinct ``hashes`` (sorted), as bytes."""
+    return np.sort(hashes)[:k].astype("<u4").tobytes()
+
+
+def resemblance(a: bytes, n_a: int, b: bytes, n_b: int, k: int) -> tuple[float, float]:
+    """Estimated Jaccard resemblance of two shingle sets from their bottom-k sketches, and
+    the estimated containment of the smaller set in the larger. Exact when both sets have
+    at most ``k`` shingles."""
+    sa, sb = np.frombuffer(a, dtype="<u4"), np.frombuffer(b, dtype="<u4")
+    if len(sa) == 0 or len(sb) == 0:
+        return 0.0, 0.0
+    union = np.union1d(sa, sb)[:k]
+    both = np.intersect1d(sa, sb, assume_unique=True)
+    jac = float(np.isin(union, both, assume_unique=True).sum()) / len(union)
+    inter = jac * (n_a + n_b) / (1.0 + jac)
+    return jac, min(1.0, inter / max(1, min(n_a, n_b)))
+
+
+def string_hashes(strings: Sequence[str]) -> list[int]:
+    return [hash64(s) for s in strings]
+
+
+def fingerprint(text: str, cfg: EngineConfig, strings: Sequence[int]) -> Fingerprints:
+    """Both SimHashes of ``text``, plus ``strings`` (hashed period strings) made a sorted set."""
+    words = content_words(text, cfg)
+    vocab, ids = _ids(words, len(words))
+    fp1 = simhash_weighted(*pair_features(_hashes(vocab)[ids]))
+    canon, canon_of = _ids((SYNONYMS.get(w, w) for w in vocab), len(vocab))
+    fp2 = simhash_weighted(*window_features(canon, canon_of[ids], cfg.keywords, cfg.window))
+    shingles = char_shingles(text)
+    return Fingerprints(
+        fp1=fp1,
+        fp2=fp2,
+        strings=tuple(sorted(set(strings))),
+        words=len(words),
+        shingles=len(shingles),
+        sketch=bottom_k(shingles, cfg.sketch_size),
+    )
