@@ -1,0 +1,214 @@
+"""Key-value state behind the index, the template counts and the clusters.
+
+Two implementations of one small protocol: ``MemoryKV`` for tests and ``RocksKV``
+(RocksDB through rocksdict) for the command line. A format marker written beside
+the data records the engine parameters; opening state made with other parameters
+is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from typing import Protocol, cast
+
+from worker import __version__
+from worker.config import EngineConfig
+
+#: Bump when the byte layout of keys or values changes.
+FORMAT_VERSION = 1
+MARKER_KEY = b"\x00marker"
+
+
+class StateError(RuntimeError):
+    """The state on disk was written with other engine parameters or format."""
+
+
+class KV(Protocol):
+    """Byte keys to byte values, read and written in batches."""
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None: ...
+
+    def delete_many(self, keys: Iterable[bytes]) -> None: ...
+
+    def delete_prefix(self, prefix: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MemoryKV:
+    """A dict. For tests and for short runs without ``--state``."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        get = self.data.get
+        return [get(k) for k in keys]
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        self.data.update(items)
+
+    def delete_many(self, keys: Iterable[bytes]) -> None:
+        for k in keys:
+            self.data.pop(k, None)
+
+    def delete_prefix(self, prefix: bytes) -> None:
+        for k in [k for k in self.data if k.startswith(prefix)]:
+            del self.data[k]
+
+    def close(self) -> None:
+        pass
+
+
+class RocksKV:
+    """RocksDB through rocksdict, values as raw bytes, writes in one batch per call."""
+
+    def __init__(self, path: str) -> None:
+        from rocksdict import Options, Rdict
+
+        os.makedirs(path, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.increase_parallelism(os.cpu_count() or 1)
+        opts.set_max_background_jobs(2)
+        self.path = path
+        try:
+            self._db = Rdict(path, opts)
+        except Exception as exc:  # rocksdict raises a bare Exception for IO errors
+            raise StateError(f"cannot open RocksDB state at {path}: {exc}") from exc
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        values = cast("list[bytes | None]", self._db.get(list(keys)))
+        return values
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        for k, v in items:
+            batch.put(k, v)
+        self._db.write(batch)
+
+    def delete_many(self, keys: Iterable[bytes]) -> None:
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        for k in keys:
+            batch.delete(k)
+        self._db.write(batch)
+
+    def delete_prefix(self, prefix: bytes) -> None:
+        end = _prefix_end(prefix)
+        if end is None:
+            raise ValueError("cannot delete an all-0xff prefix")
+        self._db.delete_range(prefix, end)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def approximate_size(self) -> int:
+        """Bytes of the files under the state directory."""
+        total = 0
+        for root, _, files in os.walk(self.path):
+            total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+        return total
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key that starts with ``prefix``."""
+    b = bytearray(prefix)
+    while b and b[-1] == 0xFF:
+        b.pop()
+    if not b:
+        return None
+    b[-1] += 1
+    return bytes(b)
+
+
+def check_marker(kv: KV, cfg: EngineConfig, where: str) -> None:
+    """Write the format marker into fresh state, or refuse state made with other parameters."""
+    (raw,) = kv.get_many([MARKER_KEY])
+    want = {"format": FORMAT_VERSION, "params": cfg.index_marker()}
+    if raw is None:
+        kv.put_many([(MARKER_KEY, json.dumps({**want, "written_by": __version__}).encode())])
+        return
+    have = json.loads(raw)
+    if have.get("format") != FORMAT_VERSION or have.get("params") != want["params"]:
+        raise StateError(
+            f"the state at {where} was written with format {have.get('format')} and "
+            f"parameters {have.get('params')!r}, but this engine uses format {FORMAT_VERSION} "
+            f"and {want['params']!r}. Its fingerprints are not comparable: point --state at "
+            f"a new directory (or rerun with the parameters it was made with)."
+        )
+
+
+def open_state(path: str | None, cfg: EngineConfig) -> KV:
+    """RocksDB state at ``path`` (checked against ``cfg``), or memory when ``path`` is None."""
+    kv: KV = MemoryKV() if path is None else RocksKV(path)
+    try:
+        check_marker(kv, cfg, path or "memory")
+    except StateError:
+        kv.close()
+        raise
+    return kv
+
+
+class BufferedKV:
+    """Reads through to ``inner``; writes wait in memory until ``commit`` writes them in one
+    batch, so that one page's updates land together or not at all."""
+
+    _DELETED = b""
+
+    def __init__(self, inner: KV) -> None:
+        self.inner = inner
+        self._puts: dict[bytes, bytes | None] = {}
+        self._prefixes: list[bytes] = []
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        misses: list[int] = []
+        for i, k in enumerate(keys):
+            if k in self._puts:
+                out.append(self._puts[k])
+            else:
+                out.append(None)
+                misses.append(i)
+        if misses:
+            for i, v in zip(misses, self.inner.get_many([keys[i] for i in misses]), strict=True):
+                out[i] = v
+        return out
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        self._puts.update(items)
+
+    def delete_many(self, keys: Iterable[bytes]) -> None:
+        for k in keys:
+            self._puts[k] = None
+
+    def delete_prefix(self, prefix: bytes) -> None:
+        self._prefixes.append(prefix)
+
+    def commit(self) -> None:
+        for prefix in self._prefixes:
+            self.inner.delete_prefix(prefix)
+        puts = [(k, v) for k, v in self._puts.items() if v is not None]
+        dels = [k for k, v in self._puts.items() if v is None]
+        if puts:
+            self.inner.put_many(puts)
+        if dels:
+            self.inner.delete_many(dels)
+        self.rollback()
+
+    def rollback(self) -> None:
+        self._puts.clear()
+        self._prefixes.clear()
+
+    def close(self) -> None:
+        self.rollback()
+        self.inner.close()
