@@ -1,0 +1,227 @@
+"""The ``neardup`` command: the engine over files, with embedded RocksDB state, no Kafka."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import fields
+from typing import IO, Any
+
+from worker import __version__
+from worker.config import EngineConfig
+from worker.records import Rejected
+
+EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
+
+
+def _config(pairs: Sequence[str], extractor: str | None) -> EngineConfig:
+    cfg = EngineConfig()
+    changes: dict[str, Any] = {}
+    known = {f.name: f for f in fields(EngineConfig)}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in known:
+            raise SystemExit(
+                f"neardup: --set takes NAME=VALUE with NAME one of: {', '.join(known)}"
+            )
+        kind = type(getattr(cfg, name))
+        changes[name] = kind(value)
+    if extractor:
+        changes["extractor"] = extractor
+    try:
+        return cfg.with_overrides(**changes)
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"neardup: bad engine setting: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _open_out(path: str | None) -> Iterator[IO[str] | None]:
+    if path is None:
+        yield None
+    elif path == "-":
+        yield sys.stdout
+    else:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "wt", encoding="utf-8") as fh:
+            yield fh
+
+
+def _write(fh: IO[str] | None, obj: dict[str, Any]) -> None:
+    if fh is not None:
+        fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
+
+
+def _progress(total: int | None) -> Any:
+    """A tqdm bar with pages/s on a terminal, else nothing (a summary is printed at the end)."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="page", file=sys.stderr, smoothing=0.1)
+
+
+def cmd_dedup(args: argparse.Namespace) -> int:
+    from worker.engine import STAGES, Engine
+    from worker.sources import iter_pages
+    from worker.store import StateError, open_state
+
+    cfg = _config(args.set, args.extractor)
+    try:
+        kv = open_state(args.state, cfg)
+    except StateError as exc:
+        print(f"neardup: {exc}", file=sys.stderr)
+        return EXIT_FATAL
+    engine = Engine(kv, cfg)
+    seen: dict[str, str] = {}
+    rejected = 0
+    t0 = time.perf_counter()
+    bar = _progress(None)
+    with (
+        _open_out(args.out) as out,
+        _open_out(args.merges) as merges,
+        _open_out(args.rejects) as rejects,
+    ):
+        for item in iter_pages(args.pages, cfg.max_bytes):
+            result = engine.process(item)
+            if isinstance(result, Rejected):
+                rejected += 1
+                _write(rejects, result.to_json())
+            else:
+                _write(out, result.decision)
+                seen[result.decision["page_id"]] = result.decision["url"]
+                for merge in result.merges:
+                    _write(merges, merge.to_json())
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    elapsed = time.perf_counter() - t0
+    if args.clusters:
+        with _open_out(args.clusters) as fh:
+            for page_id, url in seen.items():
+                cluster = engine.cluster_of(page_id)
+                _write(fh, {"page_id": page_id, "url": url, "cluster_id": cluster})
+    engine.close()
+    st = engine.stats
+    if not args.quiet:
+        staged = sum(st.seconds[s] for s in STAGES) or 1.0
+        shares = ", ".join(f"{s} {st.seconds[s] / staged:.0%}" for s in STAGES)
+        print(
+            f"neardup: {st.pages} pages in {elapsed:.1f} s ({st.pages / max(elapsed, 1e-9):.1f}"
+            f" pages/s); decisions {dict(st.decisions)}; repeated {st.repeated}; merges "
+            f"{st.merges}; rejected {dict(st.rejects)}\nneardup: time by stage: {shares}",
+            file=sys.stderr,
+        )
+    return EXIT_REJECTED if rejected else EXIT_OK
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    from worker.decode import decode
+    from worker.extract import extract
+    from worker.sources import iter_pages
+
+    cfg = _config([], args.extractor)
+    rejected = 0
+    with _open_out(args.out) as out, _open_out(args.rejects) as rejects:
+        for item in iter_pages(args.pages, cfg.max_bytes):
+            decoded = item if isinstance(item, Rejected) else decode(item)
+            result = decoded if isinstance(decoded, Rejected) else extract(decoded, cfg.extractor)
+            if isinstance(result, Rejected):
+                rejected += 1
+                _write(rejects, result.to_json())
+                continue
+            _write(
+                out,
+                {
+                    "page_id": result.page.page_id,
+                    "url": result.page.url,
+                    "title": result.title,
+                    "text": result.text,
+                },
+            )
+    return EXIT_REJECTED if rejected else EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from worker.extract import EXTRACTORS
+
+    parser = argparse.ArgumentParser(
+        prog="neardup",
+        description="Find near-duplicate Chinese web pages in crawled page files.",
+        epilog="Exit status: 0 all pages decided; 3 some pages rejected (see --rejects); "
+        "1 a fatal error such as state made with other parameters; 2 a usage error.",
+    )
+    parser.add_argument("--version", action="version", version=f"neardup {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    pages_help = (
+        "input files, in order: raw-page JSONL (plain or gzip) or WARC (plain or gzip); "
+        "'-' reads JSONL from standard input"
+    )
+    d = sub.add_parser(
+        "dedup",
+        help="decide every page against all earlier pages",
+        description="Decide each page (unique, duplicate, contained, contains) against every "
+        "earlier page, and maintain clusters of near-duplicates.",
+    )
+    d.add_argument("pages", nargs="+", metavar="PAGES", help=pages_help)
+    d.add_argument(
+        "--out",
+        required=True,
+        help="decisions, one JSON line per accepted page "
+        "in input order ('-' for standard output, .gz to compress)",
+    )
+    d.add_argument(
+        "--clusters",
+        help="write the final page_id/url -> cluster_id mapping of the pages of this run",
+    )
+    d.add_argument("--merges", help="write cluster-merge events")
+    d.add_argument("--rejects", help="write rejected pages with their reasons")
+    d.add_argument(
+        "--state",
+        help="RocksDB state directory; a later run with the same "
+        "directory continues against this run's pages (default: in memory)",
+    )
+    d.add_argument("--extractor", choices=sorted(EXTRACTORS), help="main-text extractor")
+    d.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an engine parameter, e.g. --set k1=3 (see the README's table)",
+    )
+    d.add_argument("-q", "--quiet", action="store_true", help="no summary on standard error")
+    d.set_defaults(func=cmd_dedup)
+
+    e = sub.add_parser(
+        "extract",
+        help="write the title and main text of each page",
+        description="Decode and extract each page; write {page_id, url, title, text} lines.",
+    )
+    e.add_argument("pages", nargs="+", metavar="PAGES", help=pages_help)
+    e.add_argument("--out", required=True, help="output JSONL ('-' for standard output)")
+    e.add_argument("--rejects", help="write rejected pages with their reasons")
+    e.add_argument("--extractor", choices=sorted(EXTRACTORS), help="main-text extractor")
+    e.set_defaults(func=cmd_extract)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
