@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check worker tests bench
+.venv/bin/ruff check worker tests bench scripts
 .venv/bin/mypy
 .venv/bin/python -m pytest "$@"

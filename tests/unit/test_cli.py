@@ -1,0 +1,127 @@
+"""The neardup command line on the bundled sample."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from worker.cli import EXIT_FATAL, EXIT_REJECTED, main
+from worker.contract import validate
+
+SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sample.jsonl"
+
+
+def read(path: Path) -> list[dict[str, object]]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_dedup_writes_every_output_and_says_pages_were_rejected(tmp_path: Path) -> None:
+    out, cl, mg, rj = (tmp_path / n for n in ("d.jsonl", "c.jsonl", "m.jsonl", "r.jsonl"))
+    code = main(
+        [
+            "dedup",
+            str(SAMPLE),
+            "--out",
+            str(out),
+            "--clusters",
+            str(cl),
+            "--merges",
+            str(mg),
+            "--rejects",
+            str(rj),
+            "-q",
+        ]
+    )
+    assert code == EXIT_REJECTED
+    decisions, rejects = read(out), read(rj)
+    lines = SAMPLE.read_text(encoding="utf-8").splitlines()
+    assert len(decisions) + len(rejects) == len(lines)
+    assert {r["reason"] for r in rejects} == {"bad_json", "not_html"}
+    assert all(validate("decision", d) == [] for d in decisions)
+    assert all(validate("rejected", r) == [] for r in rejects)
+    kinds = {d["decision"] for d in decisions}
+    assert {"unique", "duplicate", "contains"} <= kinds
+    clusters = {c["page_id"]: c["cluster_id"] for c in read(cl)}
+    assert set(clusters) == {d["page_id"] for d in decisions}
+    # decisions come in input order
+    rejected = {r["url"] for r in rejects}
+    urls = []
+    for x in lines:
+        try:
+            urls.append(json.loads(x)["url"])
+        except ValueError:
+            continue
+    assert [d["url"] for d in decisions] == [u for u in urls if u not in rejected]
+
+
+def test_second_run_with_state_continues(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first, second = tmp_path / "1.jsonl", tmp_path / "2.jsonl"
+    lines = SAMPLE.read_text(encoding="utf-8").splitlines()
+    head, tail = tmp_path / "head.jsonl.gz", tmp_path / "tail.jsonl"
+    with gzip.open(head, "wt", encoding="utf-8") as fh:
+        fh.write("\n".join(lines[:5]) + "\n")
+    tail.write_text("\n".join(lines[5:]) + "\n", encoding="utf-8")
+    main(["dedup", str(head), "--out", str(first), "--state", str(state), "-q"])
+    main(["dedup", str(tail), "--out", str(second), "--state", str(state), "-q"])
+    whole = tmp_path / "whole.jsonl"
+    main(["dedup", str(SAMPLE), "--out", str(whole), "-q"])
+
+    def strip(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+        return [{k: v for k, v in r.items() if k != "decided_at"} for r in rows]
+
+    assert strip(read(first) + read(second)) == strip(read(whole))
+
+
+def test_state_with_other_parameters_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = str(tmp_path / "state")
+    main(["dedup", str(SAMPLE), "--out", str(tmp_path / "a"), "--state", state, "-q"])
+    code = main(
+        [
+            "dedup",
+            str(SAMPLE),
+            "--out",
+            str(tmp_path / "b"),
+            "--state",
+            state,
+            "--set",
+            "period_len=12",
+            "-q",
+        ]
+    )
+    assert code == EXIT_FATAL
+    assert "new directory" in capsys.readouterr().err
+
+
+def test_extract_writes_title_and_text(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    assert main(["extract", str(SAMPLE), "--out", str(out)]) == EXIT_REJECTED
+    rows = read(out)
+    assert rows and all(set(r) == {"page_id", "url", "title", "text"} for r in rows)
+    gbk = next(r for r in rows if r["url"] == "https://www.example.org/museum.html")
+    assert "航海" in str(gbk["text"]) and "版权所有" not in str(gbk["text"])
+
+
+def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--help"], ["dedup", "--help"], ["extract", "--help"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--out", "--clusters", "--merges", "--rejects", "--state", "--set"):
+        assert option in text
+
+
+def test_bad_setting_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="bad engine setting"):
+        main(["dedup", str(SAMPLE), "--out", str(tmp_path / "x"), "--set", "k1=9"])
+
+
+def test_installed_console_script_exists() -> None:
+    assert shutil.which("neardup") is not None
