@@ -1,30 +1,36 @@
 """The engine: one raw page in, one decision (plus cluster merges) or one rejection out.
 
 The stages are plain modules (decode, extract, normalise, fingerprint, template, index,
-decide, cluster); this file only wires them and counts. The command line and the Kafka
-worker both call ``Engine`` (or, in the worker, its two halves ``prepare``/``finish``).
+decide, cluster); this file only wires them and counts. The command line calls ``Engine``;
+the Kafka worker calls the same pieces: ``analyse`` (pure, the expensive part), then the
+template filter, index, decide and cluster stages on partitioned state.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from worker import __version__
 from worker.cluster import Clusters, PageKey
 from worker.config import EngineConfig
-from worker.decide import Kind, candidates, matches
+from worker.decide import Kind, Match, candidates, matches
 from worker.decode import decode
 from worker.extract import extract
-from worker.fingerprint import Fingerprints, fingerprint, hash64
+from worker.fingerprint import (
+    Fingerprints,
+    fingerprint,
+    hash64,
+    period_strings,
+    string_hashes,
+)
 from worker.index import KVIndex, make_entry
 from worker.normalise import normalise
 from worker.records import RawPage, Reason, Rejected, utc_now
@@ -33,7 +39,6 @@ from worker.template import TemplateFilter
 
 log = logging.getLogger(__name__)
 
-_NOT_CONTENT = re.compile(r"[^\w。]|_")
 STAGES = ("decode", "extract", "normalise", "template", "fingerprint", "index", "cluster")
 
 
@@ -56,29 +61,18 @@ def page_host(page: RawPage) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Prepared:
-    """A page decoded, extracted and normalised, cut at each 。, not yet filtered."""
-
-    page: RawPage
-    order: int
-    title: str
-    pieces: tuple[str, ...]  # text between 。s; the last one has no 。 after it
-    strings: tuple[int, ...]  # hash of each piece's period string, 0 where it has none
-    charset: str
-    layer: str
-
-
-@dataclass(frozen=True, slots=True)
 class Analysed:
     """A page ready to decide: its fingerprints and what the decision reports."""
 
     page: RawPage
     pid: int
     order: int
+    host: str
     title: str
     text_chars: int
     fps: Fingerprints
-    template_dropped: int
+    charset: str
+    layer: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +125,9 @@ class Stats:
             self.seconds[stage] += time.perf_counter() - t0
 
 
-def prepare(page: RawPage, cfg: EngineConfig, stats: Stats | None = None) -> Prepared | Rejected:
-    """Decode, extract and normalise one page: pure, no state."""
+def analyse(page: RawPage, cfg: EngineConfig, stats: Stats | None = None) -> Analysed | Rejected:
+    """Decode, extract, normalise and fingerprint one page. Pure: no state is read, so this,
+    the expensive part, runs anywhere (any worker, any partition)."""
     st = stats or Stats()
     try:
         order = page_order(page.fetched_at)
@@ -148,51 +143,62 @@ def prepare(page: RawPage, cfg: EngineConfig, stats: Stats | None = None) -> Pre
         return extracted
     with st.timed("normalise"):
         text = normalise(extracted.text)
-        title = extracted.title.strip()
-        if len(text) < cfg.min_text_chars:
-            return Rejected(
-                Reason.NO_TEXT,
-                f"main text has {len(text)} characters, fewer than {cfg.min_text_chars}",
-                page.page_id,
-                page.url,
-            )
-        pieces = tuple(text.split("。"))
-        strings = tuple(
-            hash64(s[-cfg.period_len :]) if (s := _NOT_CONTENT.sub("", p)) else 0
-            for p in pieces[:-1]
-        )
-    return Prepared(page, order, title, pieces, strings, decoded.charset, decoded.layer)
-
-
-def finish(
-    prepared: Prepared, template: set[int], cfg: EngineConfig, stats: Stats | None = None
-) -> Analysed | Rejected:
-    """Drop template sentences, then fingerprint what is left: pure."""
-    st = stats or Stats()
-    page = prepared.page
-    with st.timed("fingerprint"):
-        kept = [
-            piece
-            for piece, s in zip(prepared.pieces, (*prepared.strings, 0), strict=True)
-            if s == 0 or s not in template
-        ]
-        body = "。".join(kept)
-        fps = fingerprint(body, cfg, [s for s in prepared.strings if s and s not in template])
-    if fps.words < 2:
+    if len(text) < cfg.min_text_chars:
         return Rejected(
-            Reason.NO_TEXT, "no words left after template filtering", page.page_id, page.url
+            Reason.NO_TEXT,
+            f"main text has {len(text)} characters, fewer than {cfg.min_text_chars}",
+            page.page_id,
+            page.url,
         )
-    dropped = len(prepared.pieces) - len(kept)
-    st.template_dropped += dropped
+    with st.timed("fingerprint"):
+        fps = fingerprint(text, cfg, string_hashes(period_strings(text, cfg.period_len)))
+    if fps.words < 2:
+        return Rejected(Reason.NO_TEXT, "fewer than two words of main text", page.page_id, page.url)
     return Analysed(
         page,
         page_pid(page.page_id),
-        prepared.order,
-        prepared.title,
-        len(body.replace("\n", "")),
+        order,
+        page_host(page),
+        extracted.title.strip(),
+        len(text.replace("\n", "")),
         fps,
-        dropped,
+        decoded.charset,
+        decoded.layer,
     )
+
+
+def without_template(a: Analysed, template: set[int]) -> Analysed:
+    """The page with its template period strings dropped from the containment features."""
+    if not template:
+        return a
+    kept = tuple(s for s in a.fps.strings if s not in template)
+    return replace(a, fps=replace(a.fps, strings=kept))
+
+
+def decision_message(
+    a: Analysed,
+    best: Match | None,
+    *,
+    duplicate_of: str | None,
+    cluster_id: str,
+    engine_info: dict[str, str],
+    decided_at: str,
+) -> dict[str, Any]:
+    """The decision as published (schemas/decision.schema.json)."""
+    return {
+        "page_id": a.page.page_id,
+        "url": a.page.url,
+        "decision": str(best.kind if best else Kind.UNIQUE),
+        "duplicate_of": duplicate_of,
+        "cluster_id": cluster_id,
+        "distance": best.distance if best else None,
+        "similarity": round(best.similarity, 4) if best else None,
+        "fingerprint": f"{a.fps.fp1:016x}",
+        "title": a.title,
+        "text_chars": a.text_chars,
+        "decided_at": decided_at,
+        "engine": engine_info,
+    }
 
 
 class Engine:
@@ -208,12 +214,14 @@ class Engine:
         self.engine_info = {"version": __version__, "params": str(self.cfg)}
 
     def analyse(self, page: RawPage) -> Analysed | Rejected:
-        prepared = prepare(page, self.cfg, self.stats)
-        if isinstance(prepared, Rejected):
-            return prepared
+        """``analyse`` plus the learned template filter of the page's host."""
+        a = analyse(page, self.cfg, self.stats)
+        if isinstance(a, Rejected):
+            return a
         with self.stats.timed("template"):
-            template, _ = self.templates.filter(page_host(page), [s for s in prepared.strings if s])
-        return finish(prepared, template, self.cfg, self.stats)
+            template, _ = self.templates.filter(a.host, a.fps.strings)
+        self.stats.template_dropped += len(template)
+        return without_template(a, template)
 
     def decide(self, a: Analysed) -> Outcome:
         """Decide an analysed page; writes the index and clusters in one batch."""
@@ -235,20 +243,14 @@ class Engine:
             best = found_matches[0] if found_matches else None
             other = self.clusters.page(best.pid) if best else None
             now = utc_now()
-            decision = {
-                "page_id": page_id,
-                "url": a.page.url,
-                "decision": str(best.kind if best else Kind.UNIQUE),
-                "duplicate_of": str(other["page_id"]) if other else None,
-                "cluster_id": root.page_id,
-                "distance": best.distance if best else None,
-                "similarity": round(best.similarity, 4) if best else None,
-                "fingerprint": f"{a.fps.fp1:016x}",
-                "title": a.title,
-                "text_chars": a.text_chars,
-                "decided_at": now,
-                "engine": self.engine_info,
-            }
+            decision = decision_message(
+                a,
+                best,
+                duplicate_of=str(other["page_id"]) if other else None,
+                cluster_id=root.page_id,
+                engine_info=self.engine_info,
+                decided_at=now,
+            )
             record["decision"] = decision
             self._put_record(a.pid, record)
         with self.stats.timed("index"):

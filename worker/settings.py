@@ -1,0 +1,87 @@
+"""Worker settings: one frozen object read from NEARDUP_* environment variables.
+
+Every field's variable is ``NEARDUP_`` + its name in upper case (``NEARDUP_BROKERS``...).
+Engine parameters are ``NEARDUP_ENGINE__<FIELD>`` (e.g. ``NEARDUP_ENGINE__K1=3``). The Helm
+chart's values map one to one onto these variables. Secrets are ``SecretStr``: their
+values never appear in ``repr``, logs or metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from worker.config import EngineConfig
+
+_DEFAULT = EngineConfig()
+
+
+class EngineSettings(BaseModel):
+    """Engine parameters that may be set from the environment (see ``EngineConfig``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    extractor: str = _DEFAULT.extractor
+    k1: int = _DEFAULT.k1
+    k2: int = _DEFAULT.k2
+    blocks: int = _DEFAULT.blocks
+    bucket_cap: int = _DEFAULT.bucket_cap
+    retention_days: int = _DEFAULT.retention_days
+    max_bytes: int = _DEFAULT.max_bytes
+
+    def config(self) -> EngineConfig:
+        return EngineConfig(**self.model_dump())
+
+
+class Settings(BaseSettings):
+    """Everything the worker reads at start-up, validated once."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="NEARDUP_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    #: Kafka bootstrap servers, comma-separated host:port (NEARDUP_BROKERS).
+    brokers: str = "127.0.0.1:19092"
+    #: Faust application id: consumer group and prefix of internal topics (NEARDUP_APP_ID).
+    app_id: str = "neardup"
+    #: Topics (NEARDUP_TOPIC_RAW, ..._DECISIONS, ..._MERGES, ..._REJECTS).
+    topic_raw: str = "neardup.raw-pages"
+    topic_decisions: str = "neardup.decisions"
+    topic_merges: str = "neardup.cluster-merges"
+    topic_rejects: str = "neardup.rejected-pages"
+    #: Partitions of the topics the worker creates (NEARDUP_PARTITIONS).
+    partitions: int = Field(default=6, ge=1, le=1024)
+    #: Replication factor of the topics the worker creates (NEARDUP_REPLICATION).
+    replication: int = Field(default=1, ge=1)
+    #: RocksDB state directory (NEARDUP_STATE_DIR).
+    state_dir: str = "/var/lib/neardup"
+    #: at_least_once or exactly_once (NEARDUP_PROCESSING_GUARANTEE).
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = "exactly_once"
+    #: Metrics and health endpoint (NEARDUP_HTTP_HOST, NEARDUP_HTTP_PORT).
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=8080, ge=0, le=65535)
+    #: Broker security: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (NEARDUP_SECURITY_PROTOCOL).
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    #: SASL mechanism and credentials (NEARDUP_SASL_MECHANISM, _USERNAME, _PASSWORD).
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    #: CA bundle for TLS (NEARDUP_SSL_CAFILE).
+    ssl_cafile: str | None = None
+    #: Log level (NEARDUP_LOG_LEVEL).
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    #: Engine parameters (NEARDUP_ENGINE__K1, ...).
+    engine: EngineSettings = EngineSettings()
+
+    @field_validator("brokers")
+    @classmethod
+    def _brokers(cls, value: str) -> str:
+        hosts = [h.strip() for h in value.split(",") if h.strip()]
+        if not hosts or any(":" not in h for h in hosts):
+            raise ValueError("NEARDUP_BROKERS must be host:port[,host:port...]")
+        return ",".join(hosts)
+
+    def engine_config(self) -> EngineConfig:
+        return self.engine.config()
