@@ -20,17 +20,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DATA, raw_lines, read_jsonl  # noqa: E402
-from worker.config import EngineConfig  # noqa: E402
-from worker.contract import parse_raw  # noqa: E402
-from worker.decode import decode  # noqa: E402
-from worker.engine import Engine  # noqa: E402
-from worker.evaluate import Report, score  # noqa: E402
-from worker.extract import extract  # noqa: E402
-from worker.fingerprint import simhash  # noqa: E402
-from worker.normalise import normalise  # noqa: E402
-from worker.records import Rejected  # noqa: E402
-from worker.store import MemoryKV  # noqa: E402
+from bench.common import DATA, raw_lines, read_jsonl
+from worker.config import EngineConfig
+from worker.contract import parse_raw
+from worker.decode import decode
+from worker.engine import Engine
+from worker.evaluate import Report, score
+from worker.extract import extract
+from worker.fingerprint import simhash
+from worker.records import Rejected
+from worker.store import MemoryKV
 
 
 class UnionFind:
@@ -50,8 +49,9 @@ class UnionFind:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
-def run_neardup(lines: list[bytes], cfg: EngineConfig) -> tuple[dict[str, str], dict[str, Any],
-                                                               float]:
+def run_neardup(
+    lines: list[bytes], cfg: EngineConfig
+) -> tuple[dict[str, str], dict[str, Any], float]:
     engine = Engine(MemoryKV(), cfg)
     decisions: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
@@ -89,8 +89,11 @@ def run_simhash(texts: list[tuple[str, str] | None]) -> tuple[dict[str, str], di
         hits = [u for u, f in seen if (f ^ fp).bit_count() <= 3]
         for u in hits:
             uf.union(url, u)
-        decisions[url] = {"page_id": url, "decision": "duplicate" if hits else "unique",
-                          "duplicate_of": hits[0] if hits else None}
+        decisions[url] = {
+            "page_id": url,
+            "decision": "duplicate" if hits else "unique",
+            "duplicate_of": hits[0] if hits else None,
+        }
         seen.append((url, fp))
     return {u: uf.find(u) for u in decisions}, decisions
 
@@ -110,8 +113,11 @@ def run_minhash(texts: list[tuple[str, str] | None]) -> tuple[dict[str, str], di
         hits = lsh.query(m)
         for u in hits:
             uf.union(url, u)
-        decisions[url] = {"page_id": url, "decision": "duplicate" if hits else "unique",
-                          "duplicate_of": hits[0] if hits else None}
+        decisions[url] = {
+            "page_id": url,
+            "decision": "duplicate" if hits else "unique",
+            "duplicate_of": hits[0] if hits else None,
+        }
         if url not in lsh:
             lsh.insert(url, m)
     return {u: uf.find(u) for u in decisions}, decisions
@@ -141,24 +147,30 @@ def main() -> None:
     print(f"{len(lines)} pages; engine {cfg}")
     clusters, decisions, elapsed = run_neardup(lines, cfg)
     mine = score(labels, clusters, decisions)
-    show(f"neardup ({len(lines) / elapsed:.0f} pages/s, {len(lines) - len(decisions)} rejected)",
-         mine)
+    show(
+        f"neardup ({len(lines) / elapsed:.0f} pages/s, {len(lines) - len(decisions)} rejected)",
+        mine,
+    )
     if args.no_baselines:
         return
     t0 = time.perf_counter()
     texts = baseline_texts(lines, cfg)
     print(f"\n(trafilatura extraction for the baselines: {time.perf_counter() - t0:.0f} s)")
-    results = {"plain SimHash (trafilatura+jieba, tf, k=3)": score(labels, *run_simhash(texts)),
-               "MinHash-LSH (char 5-grams, threshold 0.5)": score(labels, *run_minhash(texts))}
+    results = {
+        "plain SimHash (trafilatura+jieba, tf, k=3)": score(labels, *run_simhash(texts)),
+        "MinHash-LSH (char 5-grams, threshold 0.5)": score(labels, *run_minhash(texts)),
+    }
     for name, rep in results.items():
         show(name, rep)
     print("\n== margins of neardup (pairwise F1, hard-negative merge rate)")
     mine_hn = mine.hard_negative_merged[0] / max(1, mine.hard_negative_merged[1])
     for name, rep in results.items():
         hn = rep.hard_negative_merged[0] / max(1, rep.hard_negative_merged[1])
-        print(f"  vs {name}: F1 {mine.pairwise.f1 - rep.pairwise.f1:+.4f} "
-              f"({mine.pairwise.f1:.4f} vs {rep.pairwise.f1:.4f}); "
-              f"hard-negative merges {mine_hn:.2%} vs {hn:.2%}")
+        print(
+            f"  vs {name}: F1 {mine.pairwise.f1 - rep.pairwise.f1:+.4f} "
+            f"({mine.pairwise.f1:.4f} vs {rep.pairwise.f1:.4f}); "
+            f"hard-negative merges {mine_hn:.2%} vs {hn:.2%}"
+        )
 
 
 if __name__ == "__main__":
