@@ -47,41 +47,58 @@ class Match:
         return (not simhash_dup, self.distance, -self.similarity, self.order, self.pid)
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """An earlier page worth verifying, with what the index knows of it."""
+
+    pid: int
+    d1: int  # Hamming distance of the primary fingerprints
+    d2: int  # ... of the secondary fingerprints
+    ccs: float  # shared period strings / the smaller page's strings
+    order: int
+    by_simhash: bool  # passes the dual-threshold SimHash rule
+
+
 def candidates(
     fps: Fingerprints, found: Lookup, cfg: EngineConfig, self_pid: int
-) -> dict[int, tuple[int, int, bool]]:
-    """Earlier pages worth verifying: pid -> (D1, order, found by SimHash)."""
-    out: dict[int, tuple[int, int, bool]] = {}
-    for e in found.near:
-        pid = int(e["pid"])
-        if pid != self_pid:
-            out[pid] = ((int(e["fp1"]) ^ fps.fp1).bit_count(), int(e["order"]), True)
+) -> dict[int, Candidate]:
+    """Earlier pages worth verifying: SimHash neighbours and period-string matches."""
     n_self = len(fps.strings)
-    for e, shared in zip(found.shared, found.shared_counts, strict=True):
+    ccs_of = {
+        int(e["pid"]): float(shared) / max(1, min(n_self, int(e["n"])))
+        for e, shared in zip(found.shared, found.shared_counts, strict=True)
+    }
+    out: dict[int, Candidate] = {}
+    tagged = [(e, True) for e in found.near] + [(e, False) for e in found.shared]
+    for e, by_simhash in tagged:
         pid = int(e["pid"])
-        if pid == self_pid or pid in out or n_self == 0:
+        if pid == self_pid or pid in out:
             continue
-        if float(shared) / max(1, min(n_self, int(e["n"]))) >= cfg.ccs_min:
-            out[pid] = ((int(e["fp1"]) ^ fps.fp1).bit_count(), int(e["order"]), False)
+        ccs = ccs_of.get(pid, 0.0)
+        if by_simhash or ccs >= cfg.ccs_min:
+            d1 = (int(e["fp1"]) ^ fps.fp1).bit_count()
+            d2 = (int(e["fp2"]) ^ fps.fp2).bit_count()
+            out[pid] = Candidate(pid, d1, d2, ccs, int(e["order"]), by_simhash)
     return out
 
 
 def matches(
     fps: Fingerprints,
-    cands: dict[int, tuple[int, int, bool]],
+    cands: dict[int, Candidate],
     sketches: dict[int, tuple[int, bytes]],
     cfg: EngineConfig,
 ) -> list[Match]:
     """The verified candidates, as matches, best first."""
     out: list[Match] = []
-    for pid, (d1, order, by_simhash) in cands.items():
+    for pid, cand in cands.items():
+        d1, order, by_simhash = cand.d1, cand.order, cand.by_simhash
         if pid not in sketches:
             continue  # dropped by retention between the lookup and now
         n_other, sketch = sketches[pid]
         jac, cont = resemblance(fps.sketch, fps.shingles, sketch, n_other, cfg.sketch_size)
         if jac >= (cfg.jaccard_simhash if by_simhash else cfg.jaccard_min):
             out.append(Match(pid, Kind.DUPLICATE, d1, jac, order, by_simhash))
-        elif cont >= cfg.containment_min:
+        elif cont >= cfg.containment_min and cand.ccs >= cfg.ccs_contain:
             if fps.shingles <= cfg.contain_ratio * n_other:
                 kind = Kind.CONTAINED
             elif n_other <= cfg.contain_ratio * fps.shingles:

@@ -27,8 +27,9 @@ from worker.lexicon import STOPWORDS, SYNONYMS
 U64 = npt.NDArray[np.uint64]
 # Word tokens: anything with a letter, digit or ideograph in it; punctuation goes.
 _WORDLIKE = re.compile(r"\w")
-# Period feature strings ignore everything but letters, digits, ideographs and 。.
-_NOT_CONTENT = re.compile(r"[^\w。]|_")
+# Period feature strings and shingles ignore everything but letters, digits and ideographs.
+_NOT_CONTENT = re.compile(r"[\W_]")
+_PERIOD = re.compile(r"[。!?]|(?<=[^\W\d_])\.(?=\s|$)")
 # Parts of speech (jieba tags) that make a keyword: nouns, names, verbs, verbal nouns.
 _KEYWORD_POS = frozenset({"n", "nr", "nrt", "nrfg", "ns", "nt", "nz", "v", "vn", "eng", "j", "l"})
 
@@ -96,9 +97,12 @@ def hamming(a: int, b: int) -> int:
 
 
 def period_strings(text: str, length: int) -> list[str]:
-    """The ``length`` characters before each 。 (or the text since the previous 。 if shorter)."""
-    pieces = _NOT_CONTENT.sub("", text).split("。")
-    return [piece[-length:] for piece in pieces[:-1] if piece]
+    """The ``length`` characters before each period (or the text since the previous period
+    if shorter), counting only letters, digits and ideographs. Periods are 。, ! and ?
+    (normalisation has folded their full-width forms) and, for text in Latin script, a
+    full stop after a letter and before white space."""
+    pieces = _PERIOD.split(text)
+    return [c[-length:] for piece in pieces[:-1] if (c := _NOT_CONTENT.sub("", piece))]
 
 
 @lru_cache(maxsize=2)
@@ -207,7 +211,7 @@ def window_features(
 def char_shingles(text: str, n: int = SHINGLE_CHARS) -> npt.NDArray[np.uint32]:
     """Distinct 32-bit hashes of the character ``n``-grams of ``text``'s letters, digits and
     ideographs (a text shorter than ``n`` is one shingle)."""
-    content = _NOT_CONTENT.sub("", text).replace("。", "")
+    content = _NOT_CONTENT.sub("", text)
     codes = np.frombuffer(content.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
     if len(codes) == 0:
         return np.empty(0, dtype=np.uint32)

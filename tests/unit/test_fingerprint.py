@@ -69,6 +69,12 @@ def test_period_strings() -> None:
     text = "第一句话很长很长很长很长。短句。。最后没有句号"
     assert period_strings(text, 6) == ["很长很长很长", "短句"]
     assert period_strings("a, b。", 10) == ["ab"]
+    assert period_strings("Prices rose 3.5 percent. Then fell! Why? ok", 6) == [
+        "ercent",
+        "enfell",
+        "Why",
+    ]
+    assert period_strings(normalise("感叹！疑问？"), 10) == ["感叹", "疑问"]
 
 
 def test_stopwords_and_punctuation_are_dropped() -> None:
