@@ -148,7 +148,8 @@ def _lexicon() -> tuple[dict[str, float], frozenset[str], float]:
 def content_words(text: str, cfg: EngineConfig) -> list[str]:
     """Segmented words of ``text`` without punctuation, spaces and stopwords."""
     words = segmenter(cfg.segmenter)(text)
-    return [w for w in words if w not in STOPWORDS and _WORDLIKE.search(w)]
+    # isalnum() is true for most words (ideographs count) and much cheaper than the regex
+    return [w for w in words if w not in STOPWORDS and (w.isalnum() or _WORDLIKE.search(w))]
 
 
 def pair_features(hashes: U64) -> tuple[U64, npt.NDArray[np.int64]]:
@@ -158,22 +159,24 @@ def pair_features(hashes: U64) -> tuple[U64, npt.NDArray[np.int64]]:
 
 def keywords(
     vocab: Sequence[str], tf: npt.NDArray[np.int64], first: npt.NDArray[np.int64], count: int
-) -> list[int]:
+) -> npt.NDArray[np.int64]:
     """Indices into ``vocab`` of the ``count`` best keywords.
 
     Score: tf-idf, boosted for an early first position and for longer words; only content
     parts of speech (or words unknown to the dictionary, which are often names) qualify.
+    Ties go to the word that comes first in the text.
     """
     idf, not_content, median_idf = _lexicon()
     n = max(int(tf.sum()), 1)
-    scored: list[tuple[float, str, int]] = []
-    for i, (w, c, f) in enumerate(zip(vocab, tf.tolist(), first.tolist(), strict=True)):
-        if len(w) < 2 or w in not_content or w.isdigit():
-            continue
-        score = c * idf.get(w, median_idf) * (1.5 - 0.5 * f / n) * (0.8 + 0.1 * min(len(w), 5))
-        scored.append((-score, w, i))
-    scored.sort()
-    return [i for _, _, i in scored[:count]]
+    lengths = np.fromiter((len(w) for w in vocab), dtype=np.float64, count=len(vocab))
+    ok = np.fromiter(
+        (not (w in not_content or w.isdigit()) for w in vocab), dtype=bool, count=len(vocab)
+    )
+    idfs = np.fromiter((idf.get(w, median_idf) for w in vocab), dtype=np.float64, count=len(vocab))
+    score = tf * idfs * (1.5 - 0.5 * first / n) * (0.8 + 0.1 * np.minimum(lengths, 5))
+    score[~ok | (lengths < 2)] = -1.0
+    best = np.argsort(-score, kind="stable")[:count]
+    return best[score[best] > 0]
 
 
 def _ids(items: Iterable[str], count: int) -> tuple[list[str], npt.NDArray[np.int64]]:
@@ -188,7 +191,11 @@ def _hashes(vocab: Sequence[str]) -> U64:
 
 
 def window_features(
-    canon: Sequence[str], ids: npt.NDArray[np.int64], count: int, window: int
+    canon: Sequence[str],
+    canon_hashes: U64,
+    ids: npt.NDArray[np.int64],
+    count: int,
+    window: int,
 ) -> tuple[U64, npt.NDArray[np.int64]]:
     """Distinct (keyword, neighbour) pairs for the ``window`` words either side of each
     keyword occurrence, with their counts. ``canon`` is the vocabulary, synonyms folded,
@@ -198,7 +205,7 @@ def window_features(
     tf = np.bincount(ids, minlength=len(canon))
     first = np.unique(ids, return_index=True)[1]
     chosen = keywords(canon, tf, first, count)
-    hashes = _hashes(canon)[ids]
+    hashes = canon_hashes[ids]
     at = np.nonzero(np.isin(ids, chosen))[0]
     parts = []
     for d in range(1, window + 1):
@@ -249,9 +256,17 @@ def fingerprint(text: str, cfg: EngineConfig, strings: Sequence[int]) -> Fingerp
     """Both SimHashes of ``text``, plus ``strings`` (hashed period strings) made a sorted set."""
     words = content_words(text, cfg)
     vocab, ids = _ids(words, len(words))
-    fp1 = simhash_weighted(*pair_features(_hashes(vocab)[ids]))
+    vocab_hashes = _hashes(vocab)
+    fp1 = simhash_weighted(*pair_features(vocab_hashes[ids]))
     canon, canon_of = _ids((SYNONYMS.get(w, w) for w in vocab), len(vocab))
-    fp2 = simhash_weighted(*window_features(canon, canon_of[ids], cfg.keywords, cfg.window))
+    # a folded word's hash is its canonical word's: hash only the synonyms' targets
+    known = dict(zip(vocab, vocab_hashes.tolist(), strict=True))
+    canon_hashes = np.fromiter(
+        (known[w] if w in known else hash64(w) for w in canon), dtype=np.uint64, count=len(canon)
+    )
+    fp2 = simhash_weighted(
+        *window_features(canon, canon_hashes, canon_of[ids], cfg.keywords, cfg.window)
+    )
     shingles = char_shingles(text)
     return Fingerprints(
         fp1=fp1,
