@@ -223,6 +223,19 @@ class Engine:
         self.stats.template_dropped += len(template)
         return without_template(a, template)
 
+    def decide_analysed(self, a: Analysed) -> Outcome:
+        """The stateful stages for a page from the pure ``analyse``: the host's template
+        filter, then ``decide``. A page id decided before returns its stored decision and
+        counts nothing, so a redelivered page leaves the state as it was."""
+        rec = self.clusters.page(a.pid)
+        if rec is not None:
+            self.stats.repeated += 1
+            return Outcome(dict(rec["decision"]), (), True)  # type: ignore[call-overload]
+        with self.stats.timed("template"):
+            template, _ = self.templates.filter(a.host, a.fps.strings)
+        self.stats.template_dropped += len(template)
+        return self.decide(without_template(a, template))
+
     def decide(self, a: Analysed) -> Outcome:
         """Decide an analysed page; writes the index and clusters in one batch."""
         rec = self.clusters.page(a.pid)
@@ -272,12 +285,11 @@ class Engine:
             self.stats.rejects[str(page.reason)] += 1
             return page
         try:
-            analysed = self.analyse(page)
+            analysed = analyse(page, self.cfg, self.stats)
             if isinstance(analysed, Rejected):
-                self.kv.commit()  # the template counts of a rejected page still count
                 self.stats.rejects[str(analysed.reason)] += 1
                 return analysed
-            outcome = self.decide(analysed)
+            outcome = self.decide_analysed(analysed)
             self.kv.commit()
         except Exception as exc:  # a bug, not bad input: logged once, page dead-lettered
             self.kv.rollback()

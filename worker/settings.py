@@ -57,8 +57,17 @@ class Settings(BaseSettings):
     replication: int = Field(default=1, ge=1)
     #: RocksDB state directory (NEARDUP_STATE_DIR).
     state_dir: str = "/var/lib/neardup"
-    #: at_least_once or exactly_once (NEARDUP_PROCESSING_GUARANTEE).
-    processing_guarantee: Literal["at_least_once", "exactly_once"] = "exactly_once"
+    #: at_least_once or exactly_once (NEARDUP_PROCESSING_GUARANTEE). The Kafka worker
+    #: runs at_least_once with idempotent outputs and refuses exactly_once: Faust's
+    #: transactions only cover outputs co-partitioned with the input (see worker/kafka).
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    #: How often the worker commits consumed offsets (NEARDUP_COMMIT_INTERVAL_MS); an idle
+    #: raw partition holds back the sequencer until its offset is committed.
+    commit_interval_ms: int = Field(default=1000, ge=50, le=60_000)
+    #: How often each worker reports its drained raw partitions (NEARDUP_MARK_INTERVAL_MS).
+    mark_interval_ms: int = Field(default=500, ge=50, le=60_000)
+    #: Standby replicas of the state tables on other workers (NEARDUP_STANDBY_REPLICAS).
+    standby_replicas: int = Field(default=1, ge=0, le=8)
     #: Metrics and health endpoint (NEARDUP_HTTP_HOST, NEARDUP_HTTP_PORT).
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)

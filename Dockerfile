@@ -1,0 +1,48 @@
+# syntax=docker/dockerfile:1
+# The neardup Kafka worker. Build: docker build -t neardup .
+# Every third-party dependency with native code (numpy, rjieba, rocksdict, opencc,
+# selectolax, lxml, aiokafka, faust-streaming) ships a manylinux wheel whose only system
+# libraries (libc, libstdc++, libgcc_s, zlib) are already in the slim image, and jieba is
+# pure Python; so neither stage installs apt packages or a compiler.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/neardup
+WORKDIR /src
+# README.md is the package's readme in pyproject.toml: hatchling will not build without it.
+COPY pyproject.toml README.md ./
+COPY schemas ./schemas
+COPY worker ./worker
+RUN /opt/neardup/bin/pip install ".[kafka]" \
+    && /opt/neardup/bin/python -c "import worker.settings, worker.produce, rocksdict, rjieba"
+
+FROM ${PYTHON_IMAGE}
+# A fixed numeric uid lets Kubernetes check runAsNonRoot without looking inside the image.
+RUN groupadd --system --gid 10001 neardup \
+    && useradd --system --uid 10001 --gid neardup --no-create-home \
+       --home-dir /nonexistent --shell /usr/sbin/nologin neardup \
+    && install -d -o neardup -g neardup -m 0750 /var/lib/neardup
+COPY --from=build /opt/neardup /opt/neardup
+# The producer service of docker-compose.yml loads this; it is part of the repository.
+COPY examples/sample.jsonl /usr/share/neardup/sample.jsonl
+# jieba writes its dictionary cache to the temp dir and other libraries write under $HOME;
+# both point at /tmp, which stays writable under a read-only root filesystem (the Helm
+# chart mounts an emptyDir there).
+ENV PATH=/opt/neardup/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/tmp \
+    NEARDUP_HTTP_HOST=0.0.0.0 \
+    NEARDUP_HTTP_PORT=8080 \
+    NEARDUP_STATE_DIR=/var/lib/neardup
+USER 10001:10001
+# The state directory is also the working directory, so anything a library writes
+# relative to it lands on the volume.
+WORKDIR /var/lib/neardup
+VOLUME /var/lib/neardup
+EXPOSE 8080
+# No curl in the slim image; urlopen raises (exit 1) on a refused connection or non-2xx.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('NEARDUP_HTTP_PORT', '8080'), timeout=4)"]
+CMD ["python", "-m", "worker.kafka", "worker", "-l", "info"]

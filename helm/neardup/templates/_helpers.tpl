@@ -1,0 +1,82 @@
+{{/* Names and labels. */}}
+{{- define "neardup.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "neardup.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "neardup.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "neardup.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "neardup.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "neardup.labels" -}}
+helm.sh/chart: {{ include "neardup.chart" . }}
+{{ include "neardup.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: worker
+{{- end }}
+
+{{/*
+A setting's value as an environment string. Helm reads every number in a values file as
+a float64, which would print 5242880 as 5.24288e+06; whole numbers print as integers.
+*/}}
+{{- define "neardup.envValue" -}}
+{{- if and (kindIs "float64" .) (eq . (floor .)) -}}
+{{- int64 . -}}
+{{- else -}}
+{{- . -}}
+{{- end -}}
+{{- end }}
+
+{{/* Whether a setting is set: null and "" leave the worker's default. */}}
+{{- define "neardup.isSet" -}}
+{{- if and (not (kindIs "invalid" .)) (ne (toString .) "") }}true{{ end -}}
+{{- end }}
+
+{{/* The Secret and key holding NEARDUP_SASL_PASSWORD, if any. */}}
+{{- define "neardup.saslSecretName" -}}
+{{- if .Values.existingSecret.name }}{{ .Values.existingSecret.name }}{{ else if .Values.settings.sasl_password }}{{ include "neardup.fullname" . }}{{ end -}}
+{{- end }}
+
+{{- define "neardup.saslSecretKey" -}}
+{{- if .Values.existingSecret.name }}{{ .Values.existingSecret.key }}{{ else }}sasl-password{{ end -}}
+{{- end }}
+
+{{/* Refuse values that would deploy a broken worker. */}}
+{{- define "neardup.validate" -}}
+{{- $s := .Values.settings -}}
+{{- if gt (int .Values.replicaCount) (int $s.partitions) }}
+{{- fail (printf "replicaCount (%d) is more than settings.partitions (%d): a worker beyond the partition count would own no partition. Lower replicaCount or raise settings.partitions (NEARDUP_PARTITIONS)." (int .Values.replicaCount) (int $s.partitions)) }}
+{{- end }}
+{{- if and .Values.existingSecret.name $s.sasl_password }}
+{{- fail "set either settings.sasl_password or existingSecret.name, not both" }}
+{{- end }}
+{{- if hasPrefix "SASL_" (toString $s.security_protocol) }}
+{{- if not $s.sasl_username }}
+{{- fail (printf "settings.security_protocol is %s: set settings.sasl_username (NEARDUP_SASL_USERNAME)" $s.security_protocol) }}
+{{- end }}
+{{- if not (include "neardup.saslSecretName" .) }}
+{{- fail (printf "settings.security_protocol is %s: set settings.sasl_password or existingSecret.name (NEARDUP_SASL_PASSWORD)" $s.security_protocol) }}
+{{- end }}
+{{- end }}
+{{- if not (hasPrefix "/" (toString $s.state_dir)) }}
+{{- fail "settings.state_dir (NEARDUP_STATE_DIR) must be an absolute path: the state volume is mounted there" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,162 @@
+"""The deployment files stay in step with worker/settings.py.
+
+Settings ignores unknown NEARDUP_* variables (extra="ignore"), so a misspelt or renamed
+variable in docker-compose.yml or the Helm chart would be dropped without a word at run
+time; these tests make that drift fail here instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from worker.settings import EngineSettings, Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+CHART = ROOT / "helm" / "neardup"
+_REFERENCE = re.compile(r"\$\$?\{?(NEARDUP_[A-Z0-9_]+)")
+
+
+def settings_env_names() -> set[str]:
+    """Every variable Settings reads: NEARDUP_<FIELD>, and NEARDUP_ENGINE__<FIELD>."""
+    names = set()
+    for name, field in Settings.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            names |= {
+                f"NEARDUP_{name.upper()}__{sub.upper()}" for sub in EngineSettings.model_fields
+            }
+        else:
+            names.add(f"NEARDUP_{name.upper()}")
+    return names
+
+
+def _settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for name in list(os.environ):
+        if name.startswith("NEARDUP_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return Settings()
+
+
+def _environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):  # the KEY=VALUE list form
+        env = dict(item.split("=", 1) for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    return doc
+
+
+@pytest.fixture(scope="module")
+def values() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    return doc
+
+
+def test_env_names_cover_engine_fields() -> None:
+    names = settings_env_names()
+    assert {"NEARDUP_BROKERS", "NEARDUP_SASL_PASSWORD", "NEARDUP_ENGINE__K1"} <= names
+    assert "NEARDUP_ENGINE" not in names
+
+
+def test_compose_sets_only_settings_variables(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    known = settings_env_names()
+    for name, service in compose["services"].items():
+        env = _environment(service)
+        ours = {k: v for k, v in env.items() if k.startswith("NEARDUP_")}
+        assert set(ours) <= known, f"{name}: not Settings fields: {sorted(set(ours) - known)}"
+        # The values must pass the worker's own validation, not just the names.
+        _settings_from(ours, monkeypatch)
+        # A variable a command refers to must be one the service sets.
+        referred = set(_REFERENCE.findall(json.dumps(service.get("command", ""))))
+        assert referred <= set(ours), f"{name}: command uses unset {sorted(referred - set(ours))}"
+
+
+def test_compose_worker_is_wired_to_its_settings(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker = compose["services"]["worker"]
+    settings = _settings_from(_environment(worker), monkeypatch)
+    assert settings.http_host == "0.0.0.0"
+    assert f":{settings.http_port}/readyz" in " ".join(worker["healthcheck"]["test"])
+    assert any(v.endswith(f":{settings.state_dir}") for v in worker["volumes"])
+    assert any(p.endswith(f":{settings.http_port}") for p in worker["ports"])
+    broker_host = settings.brokers.split(":")[0]
+    assert compose["services"][broker_host]["hostname"] == broker_host
+    producer = compose["services"]["producer"]
+    assert producer["command"][:3] == ["python", "-m", "worker.produce"]
+    assert producer["command"][3] in (ROOT / "Dockerfile").read_text(encoding="utf-8")
+
+
+def test_dockerfile_sets_only_settings_variables() -> None:
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    names = set(re.findall(r"\b(NEARDUP_[A-Z0-9_]+)=", text))
+    assert names, "the Dockerfile sets NEARDUP_HTTP_HOST and NEARDUP_STATE_DIR"
+    assert names <= settings_env_names(), sorted(names - settings_env_names())
+
+
+def _chart_env(settings: dict[str, Any]) -> dict[str, str]:
+    """What the chart's ConfigMap and Secret render from values.settings."""
+    env = {}
+    for key, value in settings.items():
+        if key == "engine":
+            for sub, sub_value in (value or {}).items():
+                if sub_value not in (None, ""):
+                    env[f"NEARDUP_ENGINE__{sub.upper()}"] = str(sub_value)
+        elif value not in (None, ""):
+            env[f"NEARDUP_{key.upper()}"] = str(value)
+    return env
+
+
+def test_values_map_one_to_one_onto_settings(
+    values: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = values["settings"]
+    assert set(settings) == set(Settings.model_fields)
+    assert set(settings["engine"] or {}) <= set(EngineSettings.model_fields)
+    env = _chart_env(settings)
+    assert set(env) <= settings_env_names()
+    parsed = _settings_from(env, monkeypatch)
+    assert parsed.http_host == "0.0.0.0"  # probes and Prometheus reach the pod
+    # The worker refuses guarantees other than its default (worker/kafka/app.py).
+    assert parsed.processing_guarantee == Settings.model_fields["processing_guarantee"].default
+
+
+def test_values_comments_name_each_variable() -> None:
+    text = (CHART / "values.yaml").read_text(encoding="utf-8")
+    for name in Settings.model_fields:
+        if name != "engine":
+            assert f"# NEARDUP_{name.upper()}" in text, f"values.yaml: no comment for {name}"
+    for name in EngineSettings.model_fields:
+        assert f"# NEARDUP_ENGINE__{name.upper()}" in text
+
+
+def test_values_schema_matches_settings() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    props = schema["properties"]["settings"]["properties"]
+    model = Settings.model_json_schema()
+    assert set(props) == set(model["properties"])
+    for name, prop in props.items():
+        if name == "engine":
+            assert set(prop["properties"]) == set(EngineSettings.model_fields)
+            continue
+        assert prop["description"] == f"NEARDUP_{name.upper()}"
+        want = model["properties"][name]
+        got = prop if "type" in prop else prop["anyOf"][0]
+        for bound in ("enum", "minimum", "maximum"):
+            assert got.get(bound) == want.get(bound), f"{name}.{bound}"
