@@ -48,12 +48,12 @@ class EngineConfig:
     #: >= ``jaccard_simhash`` when the SimHash rule holds); containment needs the smaller
     #: page's 5-grams to be >= ``containment_min`` inside the larger.
     sketch_size: int = 128
-    jaccard_min: float = 0.75
+    jaccard_min: float = 0.72
     jaccard_simhash: float = 0.5
     containment_min: float = 0.85
     #: ... and containment also needs this share of the smaller page's period strings in
     #: the other page: formulaic texts share 5-grams but differ in sentence endings.
-    ccs_contain: float = 0.75
+    ccs_contain: float = 0.7
     #: A page with at most this share of the other's 5-grams is `contained`, not `duplicate`.
     contain_ratio: float = 0.8
     #: Learned template filter: a period string seen in at least ``template_min_df``

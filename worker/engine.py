@@ -28,8 +28,6 @@ from worker.fingerprint import (
     Fingerprints,
     fingerprint,
     hash64,
-    period_strings,
-    string_hashes,
 )
 from worker.index import KVIndex, make_entry
 from worker.normalise import normalise
@@ -39,6 +37,9 @@ from worker.template import TemplateFilter
 
 log = logging.getLogger(__name__)
 
+#: A page whose non-template sentences hold at most this share of its 5-grams, and no
+#: period string, is template-only.
+TEMPLATE_ONLY_SHARE = 0.2
 STAGES = ("decode", "extract", "normalise", "template", "fingerprint", "index", "cluster")
 
 
@@ -73,6 +74,10 @@ class Analysed:
     fps: Fingerprints
     charset: str
     layer: str
+    #: Every period string of the page is template text of its host and template
+    #: sentences carry most of its 5-grams: nothing is left to compare, so the page is
+    #: decided unique and kept out of the index (it must not join unrelated pages).
+    template_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,7 @@ class Stats:
     merges: int = 0
     repeated: int = 0
     template_dropped: int = 0
+    template_only: int = 0
 
     @contextmanager
     def timed(self, stage: str) -> Iterator[None]:
@@ -151,7 +157,7 @@ def analyse(page: RawPage, cfg: EngineConfig, stats: Stats | None = None) -> Ana
             page.url,
         )
     with st.timed("fingerprint"):
-        fps = fingerprint(text, cfg, string_hashes(period_strings(text, cfg.period_len)))
+        fps = fingerprint(text, cfg)
     if fps.words < 2:
         return Rejected(Reason.NO_TEXT, "fewer than two words of main text", page.page_id, page.url)
     return Analysed(
@@ -167,12 +173,14 @@ def analyse(page: RawPage, cfg: EngineConfig, stats: Stats | None = None) -> Ana
     )
 
 
-def without_template(a: Analysed, template: set[int]) -> Analysed:
-    """The page with its template period strings dropped from the containment features."""
+def without_template(a: Analysed, template: set[int], cfg: EngineConfig) -> Analysed:
+    """The page with its template sentences dropped from the containment features (period
+    strings) and from the verification sketch. SimHash keeps the whole text."""
     if not template:
         return a
-    kept = tuple(s for s in a.fps.strings if s not in template)
-    return replace(a, fps=replace(a.fps, strings=kept))
+    fps = a.fps.without(template, cfg.sketch_size)
+    only = not fps.strings and fps.shingles <= TEMPLATE_ONLY_SHARE * a.fps.shingles
+    return replace(a, fps=fps, template_only=only)
 
 
 def decision_message(
@@ -221,7 +229,7 @@ class Engine:
         with self.stats.timed("template"):
             template, _ = self.templates.filter(a.host, a.fps.strings)
         self.stats.template_dropped += len(template)
-        return without_template(a, template)
+        return without_template(a, template, self.cfg)
 
     def decide_analysed(self, a: Analysed) -> Outcome:
         """The stateful stages for a page from the pure ``analyse``: the host's template
@@ -234,7 +242,7 @@ class Engine:
         with self.stats.timed("template"):
             template, _ = self.templates.filter(a.host, a.fps.strings)
         self.stats.template_dropped += len(template)
-        return self.decide(without_template(a, template))
+        return self.decide(without_template(a, template, self.cfg))
 
     def decide(self, a: Analysed) -> Outcome:
         """Decide an analysed page; writes the index and clusters in one batch."""
@@ -244,7 +252,7 @@ class Engine:
             return Outcome(dict(rec["decision"]), (), True)  # type: ignore[call-overload]
         with self.stats.timed("index"):
             found = self.index.lookup(a.fps, a.order)
-            cands = candidates(a.fps, found, self.cfg, a.pid)
+            cands = {} if a.template_only else candidates(a.fps, found, self.cfg, a.pid)
             sketches = self.index.sketches(list(cands))
             found_matches = matches(a.fps, cands, sketches, self.cfg)
         with self.stats.timed("cluster"):
@@ -266,8 +274,11 @@ class Engine:
             )
             record["decision"] = decision
             self._put_record(a.pid, record)
-        with self.stats.timed("index"):
-            self.index.add(found, make_entry(a.pid, a.fps, a.order), a.fps)
+        if a.template_only:
+            self.stats.template_only += 1
+        else:
+            with self.stats.timed("index"):
+                self.index.add(found, make_entry(a.pid, a.fps, a.order), a.fps)
         merges = tuple(Merge(k.page_id, root.page_id, page_id, now) for k in merged)
         return Outcome(decision, merges)
 

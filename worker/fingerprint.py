@@ -14,7 +14,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import mmh3
@@ -44,6 +44,37 @@ class Fingerprints:
     words: int  # number of content words (after stopwords)
     shingles: int = 0  # number of distinct character 5-grams
     sketch: bytes = b""  # bottom-k sketch of those 5-grams: sorted little-endian uint32
+    #: Per sentence piece (text up to a period): its period string's hash, 0 for none
+    #: (uint64); and every 5-gram's hash (uint32) with the index of its piece (uint32).
+    #: Only carried to the template filter, which rebuilds the sketch without template
+    #: sentences; never stored in the index.
+    piece_strings: bytes = b""
+    shingle_hashes: bytes = b""
+    shingle_pieces: bytes = b""
+
+    def without(self, template: set[int], sketch_size: int) -> Fingerprints:
+        """These fingerprints with the template sentences' strings and 5-grams left out.
+        Without the per-piece data (a record from before it existed) only strings go."""
+        if not self.piece_strings:
+            kept_strings = tuple(s for s in self.strings if s not in template)
+            return (
+                self
+                if len(kept_strings) == len(self.strings)
+                else replace(self, strings=kept_strings)
+            )
+        strings = np.frombuffer(self.piece_strings, dtype="<u8")
+        drop = np.isin(strings, np.fromiter(template, dtype=np.uint64, count=len(template)))
+        if not drop.any():
+            return self
+        hashes = np.frombuffer(self.shingle_hashes, dtype="<u4")
+        owner = np.frombuffer(self.shingle_pieces, dtype="<u4")
+        kept = np.unique(hashes[~drop[owner]])
+        return replace(
+            self,
+            strings=tuple(s for s in self.strings if s not in template),
+            shingles=len(kept),
+            sketch=bottom_k(kept, sketch_size),
+        )
 
 
 #: Characters per shingle of the verification sketch.
@@ -215,18 +246,37 @@ def window_features(
     return np.unique(np.concatenate(parts), return_counts=True)
 
 
-def char_shingles(text: str, n: int = SHINGLE_CHARS) -> npt.NDArray[np.uint32]:
-    """Distinct 32-bit hashes of the character ``n``-grams of ``text``'s letters, digits and
-    ideographs (a text shorter than ``n`` is one shingle)."""
-    content = _NOT_CONTENT.sub("", text)
-    codes = np.frombuffer(content.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+def piece_features(
+    text: str, length: int, n: int = SHINGLE_CHARS
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
+    """Cut ``text`` at its periods. Returns each piece's period-string hash (0 for the last
+    piece and empty ones), and the hashes of the character ``n``-grams of the text's
+    letters, digits and ideographs, each with the index of the piece it starts in (a text
+    shorter than ``n`` is one shingle)."""
+    contents = [_NOT_CONTENT.sub("", p) for p in _PERIOD.split(text)]
+    last = len(contents) - 1
+    strings = np.fromiter(
+        (hash64(c[-length:]) if c and i < last else 0 for i, c in enumerate(contents)),
+        dtype=np.uint64,
+        count=len(contents),
+    )
+    codes = np.frombuffer("".join(contents).encode("utf-32-le"), dtype=np.uint32)
     if len(codes) == 0:
-        return np.empty(0, dtype=np.uint32)
+        return strings, np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.uint32)
     n = min(n, len(codes))
-    h = np.zeros(len(codes) - n + 1, dtype=np.uint64)
+    windows = len(codes) - n + 1
+    wide = codes.astype(np.uint64)
+    h = np.zeros(windows, dtype=np.uint64)
     for i in range(n):
-        h = h * np.uint64(0x100000001B3) + codes[i : len(codes) - n + 1 + i]
-    return np.unique((_mix(h) >> np.uint64(32)).astype(np.uint32))
+        h = h * np.uint64(0x100000001B3) + wide[i : windows + i]
+    ends = np.cumsum(np.fromiter((len(c) for c in contents), dtype=np.int64, count=len(contents)))
+    owner = np.searchsorted(ends, np.arange(windows), side="right").astype(np.uint32)
+    return strings, (_mix(h) >> np.uint64(32)).astype(np.uint32), owner
+
+
+def char_shingles(text: str, n: int = SHINGLE_CHARS) -> npt.NDArray[np.uint32]:
+    """Distinct hashes of the character ``n``-grams of ``text`` (see ``piece_features``)."""
+    return np.unique(piece_features(text, 1, n)[1])
 
 
 def bottom_k(hashes: npt.NDArray[np.uint32], k: int) -> bytes:
@@ -252,8 +302,8 @@ def string_hashes(strings: Sequence[str]) -> list[int]:
     return [hash64(s) for s in strings]
 
 
-def fingerprint(text: str, cfg: EngineConfig, strings: Sequence[int]) -> Fingerprints:
-    """Both SimHashes of ``text``, plus ``strings`` (hashed period strings) made a sorted set."""
+def fingerprint(text: str, cfg: EngineConfig) -> Fingerprints:
+    """Both SimHashes of ``text``, its period strings and its 5-gram sketch."""
     words = content_words(text, cfg)
     vocab, ids = _ids(words, len(words))
     vocab_hashes = _hashes(vocab)
@@ -267,12 +317,16 @@ def fingerprint(text: str, cfg: EngineConfig, strings: Sequence[int]) -> Fingerp
     fp2 = simhash_weighted(
         *window_features(canon, canon_hashes, canon_of[ids], cfg.keywords, cfg.window)
     )
-    shingles = char_shingles(text)
+    piece_strings, hashes, owners = piece_features(text, cfg.period_len)
+    shingles = np.unique(hashes)
     return Fingerprints(
         fp1=fp1,
         fp2=fp2,
-        strings=tuple(sorted(set(strings))),
+        strings=tuple(sorted({int(x) for x in piece_strings if x})),
         words=len(words),
         shingles=len(shingles),
         sketch=bottom_k(shingles, cfg.sketch_size),
+        piece_strings=piece_strings.astype("<u8").tobytes(),
+        shingle_hashes=hashes.astype("<u4").tobytes(),
+        shingle_pieces=owners.astype("<u4").tobytes(),
     )

@@ -226,3 +226,23 @@ def test_backends_decide_alike(backend: str, tmp_path: Any) -> None:
         stable(o.decision) for o in run(Engine(MemoryKV(), CFG), pages) if isinstance(o, Outcome)
     ]
     assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
+
+
+def test_template_only_pages_do_not_join_each_other() -> None:
+    """Pages whose extracted text is only the host's template (a comment box, a footer) are
+    decided unique and not indexed, once the template is learnt."""
+    cfg = CFG.with_overrides(template_min_df=3)
+    eng = Engine(MemoryKV(), cfg)
+    boiler = [
+        "网友评论仅供其表达个人看法，并不表明本站立场。",
+        "文明上网，理性发言，请遵守新闻评论服务协议。",
+    ]
+    stories = [ARTICLES[k][:2] for k in ("rail", "library", "harvest", "museum")]
+    msgs = [
+        raw_page(f"https://same.example.cn/{i}", s + boiler, f"t{i}") for i, s in enumerate(stories)
+    ]
+    msgs += [raw_page(f"https://same.example.cn/x{i}", boiler, f"x{i}") for i in range(2)]
+    outs = run(eng, msgs)
+    last = [o for o in outs[-2:] if isinstance(o, Outcome)]
+    assert [o.decision["decision"] for o in last] == ["unique", "unique"]
+    assert eng.stats.template_only == 2

@@ -25,7 +25,7 @@ CFG = EngineConfig()
 
 def fp_of(paragraphs: list[str], cfg: EngineConfig = CFG) -> tuple[int, int]:
     text = normalise("\n".join(paragraphs))
-    f = fingerprint(text, cfg, [])
+    f = fingerprint(text, cfg)
     return f.fp1, f.fp2
 
 
@@ -149,3 +149,22 @@ def test_distance_is_a_metric_on_bits(a: int, b: int) -> None:
 @pytest.mark.parametrize("name", sorted(ARTICLES))
 def test_fingerprint_is_deterministic(name: str) -> None:
     assert fp_of(ARTICLES[name]) == fp_of(list(ARTICLES[name]))
+
+
+def test_without_template_rebuilds_strings_and_sketch() -> None:
+    from worker.fingerprint import bottom_k, char_shingles
+
+    body = "".join(ARTICLES["rail"])
+    footer = "本网站所有内容均受版权保护未经授权不得转载。"
+    f = fingerprint(normalise(body + footer), CFG)
+    template = {hash64(period_strings(footer, CFG.period_len)[0])}
+    assert template <= set(f.strings)
+    g = f.without(template, CFG.sketch_size)
+    assert not template & set(g.strings)
+    assert g.shingles < f.shingles
+    # the footer's 5-grams (those starting in its sentence) are gone, the body's stay
+    plain = fingerprint(normalise(body), CFG)
+    assert set(plain.strings) == set(g.strings)
+    assert g.sketch != f.sketch
+    assert bottom_k(char_shingles(normalise(body)), CFG.sketch_size)[:40] == plain.sketch[:40]
+    assert f.without(set(), CFG.sketch_size) is f
