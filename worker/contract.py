@@ -226,8 +226,8 @@ def _load(line: bytes | str, max_bytes: int) -> object | Rejected:
             url = _url_from_broken_line(raw.decode("utf-8", "replace"))
             return _rejected(Reason.BAD_JSON, detail, url)
     try:
-        # orjson: 1.5x json's speed on the dev pages (0.117 vs 0.180 ms), and strict (no NaN/Infinity,
-        # 64-bit integers, bounded depth) as a wire format should be
+        # orjson: 1.5x json's speed on the dev pages (0.117 vs 0.180 ms), and strict
+        # (no NaN/Infinity, 64-bit integers, bounded depth) as a wire format should be
         obj: object = orjson.loads(line)
     except json.JSONDecodeError as exc:  # orjson's error is a subclass
         detail = f"{exc.msg}: line {exc.lineno} column {exc.colno} (char {exc.pos})"
