@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -153,9 +153,10 @@ def segmenter(name: str) -> Callable[[str], list[str]]:
 
 
 @lru_cache(maxsize=1)
-def _lexicon() -> tuple[dict[str, float], frozenset[str], float]:
-    """IDF of words, and the words whose part of speech rules them out as keywords,
-    from the tables that ship with jieba (immutable once loaded)."""
+def _lexicon() -> tuple[dict[str, float], float]:
+    """Keyword weight of words: their IDF, or -1 where their part of speech rules them
+    out; and the median IDF for unknown words. From the tables that ship with jieba
+    (immutable once loaded)."""
     import jieba
     import jieba.analyse
 
@@ -173,7 +174,9 @@ def _lexicon() -> tuple[dict[str, float], frozenset[str], float]:
             if len(parts) == 3 and parts[2] not in _KEYWORD_POS:
                 not_content.add(parts[0])
     median_idf = float(np.median(np.fromiter(idf.values(), dtype=np.float64)))
-    return idf, frozenset(not_content), median_idf
+    for word in not_content:
+        idf[word] = -1.0
+    return idf, median_idf
 
 
 def content_words(text: str, cfg: EngineConfig) -> list[str]:
@@ -195,47 +198,45 @@ def keywords(
 
     Score: tf-idf, boosted for an early first position and for longer words; only content
     parts of speech (or words unknown to the dictionary, which are often names) qualify.
-    Ties go to the word that comes first in the text.
+    Ties go to the word that comes first in ``vocab``.
     """
-    idf, not_content, median_idf = _lexicon()
-    n = max(int(tf.sum()), 1)
-    lengths = np.fromiter((len(w) for w in vocab), dtype=np.float64, count=len(vocab))
-    ok = np.fromiter(
-        (not (w in not_content or w.isdigit()) for w in vocab), dtype=bool, count=len(vocab)
+    weight, median_idf = _lexicon()
+    get = weight.get
+    idfs = np.array(
+        [-1.0 if len(w) < 2 or w.isdigit() else get(w, median_idf) for w in vocab],
+        dtype=np.float64,
     )
-    idfs = np.fromiter((idf.get(w, median_idf) for w in vocab), dtype=np.float64, count=len(vocab))
+    lengths = np.fromiter(map(len, vocab), dtype=np.float64, count=len(vocab))
+    n = max(int(tf.sum()), 1)
     score = tf * idfs * (1.5 - 0.5 * first / n) * (0.8 + 0.1 * np.minimum(lengths, 5))
-    score[~ok | (lengths < 2)] = -1.0
+    score[idfs < 0] = -1.0
     best = np.argsort(-score, kind="stable")[:count]
     return best[score[best] > 0]
 
 
-def _ids(items: Iterable[str], count: int) -> tuple[list[str], npt.NDArray[np.int64]]:
-    """Distinct items in order of first occurrence, and each item's index among them."""
-    vocab: dict[str, int] = {}
-    ids = np.fromiter((vocab.setdefault(w, len(vocab)) for w in items), dtype=np.int64, count=count)
-    return list(vocab), ids
-
-
-def _hashes(vocab: Sequence[str]) -> U64:
-    return np.fromiter((hash64(w) for w in vocab), dtype=np.uint64, count=len(vocab))
+def _vocabulary(
+    words: Sequence[str], hashes_of: dict[str, int]
+) -> tuple[list[str], U64, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Distinct words in order of first occurrence, their hashes, each position's index
+    into them, and each distinct word's first position."""
+    hashes = np.fromiter(map(hashes_of.__getitem__, words), dtype=np.uint64, count=len(words))
+    uniq, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # np.unique sorts by hash; restore text order
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    first_sorted = first[order]
+    vocab = [words[i] for i in first_sorted.tolist()]
+    return vocab, uniq[order], rank[inverse.reshape(-1)], first_sorted
 
 
 def window_features(
-    canon: Sequence[str],
-    canon_hashes: U64,
-    ids: npt.NDArray[np.int64],
-    count: int,
-    window: int,
+    canon_hashes: U64, ids: npt.NDArray[np.int64], chosen: npt.NDArray[np.int64], window: int
 ) -> tuple[U64, npt.NDArray[np.int64]]:
     """Distinct (keyword, neighbour) pairs for the ``window`` words either side of each
-    keyword occurrence, with their counts. ``canon`` is the vocabulary, synonyms folded,
-    and ``ids`` the text as indices into it."""
-    if len(ids) == 0:
+    occurrence of a ``chosen`` word, with their counts. ``ids`` is the text as indices
+    into the (synonym-folded) vocabulary whose hashes are ``canon_hashes``."""
+    if len(ids) == 0 or len(chosen) == 0:
         return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
-    tf = np.bincount(ids, minlength=len(canon))
-    first = np.unique(ids, return_index=True)[1]
-    chosen = keywords(canon, tf, first, count)
     hashes = canon_hashes[ids]
     at = np.nonzero(np.isin(ids, chosen))[0]
     parts = []
@@ -305,18 +306,20 @@ def string_hashes(strings: Sequence[str]) -> list[int]:
 def fingerprint(text: str, cfg: EngineConfig) -> Fingerprints:
     """Both SimHashes of ``text``, its period strings and its 5-gram sketch."""
     words = content_words(text, cfg)
-    vocab, ids = _ids(words, len(words))
-    vocab_hashes = _hashes(vocab)
+    hashes_of = {w: hash64(w) for w in set(words)}
+    vocab, vocab_hashes, ids, first = _vocabulary(words, hashes_of)
     fp1 = simhash_weighted(*pair_features(vocab_hashes[ids]))
-    canon, canon_of = _ids((SYNONYMS.get(w, w) for w in vocab), len(vocab))
-    # a folded word's hash is its canonical word's: hash only the synonyms' targets
-    known = dict(zip(vocab, vocab_hashes.tolist(), strict=True))
-    canon_hashes = np.fromiter(
-        (known[w] if w in known else hash64(w) for w in canon), dtype=np.uint64, count=len(canon)
+    # keyword windows work on synonym-folded words: fold the vocabulary, then regroup
+    canon = [SYNONYMS.get(w, w) for w in vocab]
+    canon_vocab, canon_hashes, canon_of, _ = _vocabulary(
+        canon, {**hashes_of, **{c: hash64(c) for c in canon if c not in hashes_of}}
     )
-    fp2 = simhash_weighted(
-        *window_features(canon, canon_hashes, canon_of[ids], cfg.keywords, cfg.window)
-    )
+    canon_ids = canon_of[ids]
+    tf = np.bincount(canon_ids, minlength=len(canon_vocab))
+    canon_first = np.full(len(canon_vocab), len(words), dtype=np.int64)
+    np.minimum.at(canon_first, canon_of, first)
+    chosen = keywords(canon_vocab, tf, canon_first, cfg.keywords)
+    fp2 = simhash_weighted(*window_features(canon_hashes, canon_ids, chosen, cfg.window))
     piece_strings, hashes, owners = piece_features(text, cfg.period_len)
     shingles = np.unique(hashes)
     return Fingerprints(

@@ -1,0 +1,119 @@
+"""Index lookups against RocksDB holding N synthetic pages (default 10 million).
+
+    .venv/bin/python bench/index.py [--pages 10000000] [--queries 20000] [--dir DIR]
+
+The block tables (4 primary + 4 secondary, 16-bit keys with the default k1 = 3) are
+filled with N random pages in bulk, written exactly as KVIndex writes them (one value of
+packed entries per bucket). Then KVIndex.lookup runs for queries that are half near an
+indexed page (0-3 bits flipped in fp1, so at least one must be found) and half random,
+each with 25 period-string keys (which miss). Latency is per lookup, wall clock, one
+thread, OS page cache warm (the benchmark has just written the files). Prints p50, p99,
+p99.9, the recall of the near queries, and bytes on disk per page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from worker.config import EngineConfig
+from worker.fingerprint import Fingerprints
+from worker.index import ENTRY, KVIndex, table_masks
+from worker.store import RocksKV
+
+CHUNK = 1 << 20
+
+
+def fill(kv: RocksKV, n: int, cfg: EngineConfig, rng: np.random.Generator) -> np.ndarray:
+    entries = np.zeros(n, dtype=ENTRY)
+    entries["pid"] = rng.integers(0, 2**63, n, dtype=np.uint64)
+    entries["fp1"] = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+    entries["fp2"] = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+    entries["order"] = np.arange(n, dtype=np.int64)
+    entries["n"] = 20
+    for prefix, field in ((b"P", "fp1"), (b"S", "fp2")):
+        for t, mask in enumerate(table_masks(cfg)):
+            keys = entries[field] & np.uint64(mask)
+            order = np.argsort(keys, kind="stable")
+            sorted_keys, sorted_entries = keys[order], entries[order]
+            bounds = np.flatnonzero(np.diff(sorted_keys)) + 1
+            starts = np.concatenate(([0], bounds))
+            ends = np.concatenate((bounds, [n]))
+            batch: list[tuple[bytes, bytes]] = []
+            for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+                key = prefix + bytes((t,)) + int(sorted_keys[s]).to_bytes(8, "big")
+                batch.append((key, sorted_entries[s : min(e, s + cfg.bucket_cap)].tobytes()))
+                if len(batch) >= 4096:
+                    kv.put_many(batch)
+                    batch = []
+            kv.put_many(batch)
+            print(
+                f"  table {prefix.decode()}{t}: {len(starts)} buckets, "
+                f"mean {n / len(starts):.0f} entries",
+                flush=True,
+            )
+    return entries
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--pages", type=int, default=10_000_000)
+    ap.add_argument("--queries", type=int, default=20_000)
+    ap.add_argument("--dir", default="/tmp/neardup-index-bench")
+    ap.add_argument("--keep", action="store_true", help="keep the RocksDB directory")
+    args = ap.parse_args()
+    cfg = EngineConfig()
+    rng = np.random.default_rng(20261121)
+    shutil.rmtree(args.dir, ignore_errors=True)
+    kv = RocksKV(args.dir)
+    t0 = time.perf_counter()
+    print(f"filling {args.pages:,} synthetic pages ...")
+    entries = fill(kv, args.pages, cfg, rng)
+    print(f"filled in {time.perf_counter() - t0:.0f} s")
+    index = KVIndex(kv, cfg)
+    lat: list[float] = []
+    found = near = 0
+    for q in range(args.queries):
+        if q % 2 == 0:
+            target = entries[int(rng.integers(0, args.pages))]
+            fp1 = int(target["fp1"])
+            for bit in rng.choice(64, size=int(rng.integers(0, 4)), replace=False).tolist():
+                fp1 ^= 1 << bit
+            fp2 = int(rng.integers(0, 2**63))
+        else:
+            target = None
+            fp1, fp2 = (int(x) for x in rng.integers(0, 2**63, 2))
+        strings = tuple(int(x) for x in rng.integers(0, 2**63, 25))
+        fps = Fingerprints(fp1=fp1, fp2=fp2, strings=strings, words=100)
+        t = time.perf_counter()
+        result = index.lookup(fps, args.pages)
+        lat.append(time.perf_counter() - t)
+        if target is not None:
+            near += 1
+            found += int(target["pid"]) in set(result.near["pid"].tolist())
+    ms = np.array(lat) * 1000
+    print(f"\n{args.queries:,} lookups against {args.pages:,} pages:")
+    print(
+        f"  p50 {np.percentile(ms, 50):.3f} ms   p99 {np.percentile(ms, 99):.3f} ms   "
+        f"p99.9 {np.percentile(ms, 99.9):.3f} ms   max {ms.max():.3f} ms"
+    )
+    print(f"  near queries that found their page: {found}/{near}")
+    kv.close()
+    size = RocksKV(args.dir).approximate_size()
+    print(
+        f"  block tables on disk: {size / 1e9:.2f} GB = {size / args.pages:.0f} bytes per page "
+        f"(8 entries of {ENTRY.itemsize} bytes each before compression)"
+    )
+    if not args.keep:
+        shutil.rmtree(args.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""End-to-end speed of the engine against a trafilatura + jieba pipeline, side by side.
+
+    .venv/bin/python bench/speed.py [--pages 600] [--rounds 3] [--state DIR]
+
+Both run in this one process over the same dev pages, rounds alternating, and the
+medians are compared. neardup runs exactly as `neardup dedup` does (parse, decode,
+extract, normalise, template filter, fingerprint, index, decide, cluster), with RocksDB
+state in a temporary directory. The reference pipeline is decode, trafilatura, jieba,
+and a tf-weighted SimHash: what a straightforward implementation costs per page.
+Also prints each stage's share of neardup's time and the bytes on disk per page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import DATA, raw_lines
+from worker.config import EngineConfig
+from worker.contract import parse_raw
+from worker.decode import decode
+from worker.engine import STAGES, Engine
+from worker.extract import extract
+from worker.fingerprint import simhash
+from worker.records import Rejected
+from worker.store import RocksKV, open_state
+
+
+def run_neardup(lines: list[bytes], cfg: EngineConfig, state: str) -> tuple[float, Engine, int]:
+    shutil.rmtree(state, ignore_errors=True)
+    engine = Engine(open_state(state, cfg), cfg)
+    t0 = time.perf_counter()
+    for raw in lines:
+        engine.process(parse_raw(raw, cfg.max_bytes))
+    elapsed = time.perf_counter() - t0
+    engine.close()
+    size = RocksKV(state).approximate_size()
+    return elapsed, engine, size
+
+
+def run_reference(lines: list[bytes], cfg: EngineConfig) -> float:
+    import jieba
+
+    t0 = time.perf_counter()
+    for raw in lines:
+        page = parse_raw(raw, cfg.max_bytes)
+        dec = page if isinstance(page, Rejected) else decode(page)
+        ext = dec if isinstance(dec, Rejected) else extract(dec, "trafilatura")
+        if not isinstance(ext, Rejected):
+            simhash(Counter(w for w in jieba.lcut(ext.text) if w.strip()))
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--data", type=Path, default=DATA / "neardup-dev")
+    ap.add_argument("--pages", type=int, default=600, help="first N pages of the stream")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    lines = raw_lines(args.data / "pages.jsonl.gz")[: args.pages]
+    cfg = EngineConfig()
+    mb = sum(len(x) for x in lines) / len(lines) / 1024
+    print(
+        f"{len(lines)} pages, mean raw-page line {mb:.0f} KiB; cpu count {os.cpu_count()}; "
+        f"one process, one thread"
+    )
+    # warm both: jieba's and rjieba's dictionaries, the IDF table, OpenCC
+    state = tempfile.mkdtemp(prefix="neardup-bench-")
+    run_neardup(lines[:20], cfg, state)
+    run_reference(lines[:20], cfg)
+    mine, ref = [], []
+    last: Engine | None = None
+    size = 0
+    for r in range(args.rounds):
+        elapsed, last, size = run_neardup(lines, cfg, state)
+        mine.append(len(lines) / elapsed)
+        ref.append(len(lines) / run_reference(lines, cfg))
+        print(
+            f"  round {r + 1}: neardup {mine[-1]:.0f} pages/s, "
+            f"trafilatura+jieba {ref[-1]:.1f} pages/s"
+        )
+    m, rf = statistics.median(mine), statistics.median(ref)
+    print(f"\nneardup dedup:        median {m:.0f} pages/s (one core)")
+    print(f"trafilatura + jieba:  median {rf:.1f} pages/s")
+    print(f"ratio:                {m / rf:.1f}x")
+    assert last is not None
+    total = sum(last.stats.seconds[s] for s in STAGES)
+    wall = len(lines) / mine[-1]
+    print("\nshare of neardup's time by stage (last round):")
+    for s in STAGES:
+        print(
+            f"  {s:<12} {last.stats.seconds[s] / wall:6.1%}  "
+            f"{last.stats.seconds[s] / len(lines) * 1000:6.3f} ms/page"
+        )
+    print(f"  {'other':<12} {(wall - total) / wall:6.1%}  (JSON parsing, schema, records, loop)")
+    decided = sum(last.stats.decisions.values())
+    print(
+        f"\nRocksDB state: {size / 1e6:.1f} MB for {decided} decided pages = "
+        f"{size / max(decided, 1):.0f} bytes per page (after close; WAL and SST files)"
+    )
+    shutil.rmtree(state, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
