@@ -48,6 +48,16 @@ class UnionFind:
         if ra != rb:
             self.parent[max(ra, rb)] = min(ra, rb)
 
+    def record(self, url: str, hits: list[str]) -> dict[str, Any]:
+        """Join ``url`` with its ``hits``; its decision in the scoring's terms."""
+        for u in hits:
+            self.union(url, u)
+        return {
+            "page_id": url,
+            "decision": "duplicate" if hits else "unique",
+            "duplicate_of": hits[0] if hits else None,
+        }
+
 
 def run_neardup(
     lines: list[bytes], cfg: EngineConfig
@@ -87,13 +97,7 @@ def run_simhash(texts: list[tuple[str, str] | None]) -> tuple[dict[str, str], di
         words = [w for w in jieba.lcut(text) if w.strip()]
         fp = simhash(Counter(words))
         hits = [u for u, f in seen if (f ^ fp).bit_count() <= 3]
-        for u in hits:
-            uf.union(url, u)
-        decisions[url] = {
-            "page_id": url,
-            "decision": "duplicate" if hits else "unique",
-            "duplicate_of": hits[0] if hits else None,
-        }
+        decisions[url] = uf.record(url, hits)
         seen.append((url, fp))
     return {u: uf.find(u) for u in decisions}, decisions
 
@@ -111,13 +115,7 @@ def run_minhash(texts: list[tuple[str, str] | None]) -> tuple[dict[str, str], di
         m = MinHash(num_perm=128)
         m.update_batch([norm[i : i + 5].encode() for i in range(max(1, len(norm) - 4))])
         hits = lsh.query(m)
-        for u in hits:
-            uf.union(url, u)
-        decisions[url] = {
-            "page_id": url,
-            "decision": "duplicate" if hits else "unique",
-            "duplicate_of": hits[0] if hits else None,
-        }
+        decisions[url] = uf.record(url, hits)
         if url not in lsh:
             lsh.insert(url, m)
     return {u: uf.find(u) for u in decisions}, decisions

@@ -221,16 +221,6 @@ class Engine:
         self.stats = Stats()
         self.engine_info = {"version": __version__, "params": str(self.cfg)}
 
-    def analyse(self, page: RawPage) -> Analysed | Rejected:
-        """``analyse`` plus the learned template filter of the page's host."""
-        a = analyse(page, self.cfg, self.stats)
-        if isinstance(a, Rejected):
-            return a
-        with self.stats.timed("template"):
-            template, _ = self.templates.filter(a.host, a.fps.strings)
-        self.stats.template_dropped += len(template)
-        return without_template(a, template, self.cfg)
-
     def decide_analysed(self, a: Analysed) -> Outcome:
         """The stateful stages for a page from the pure ``analyse``: the host's template
         filter, then ``decide``. A page id decided before returns its stored decision and

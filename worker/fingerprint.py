@@ -98,12 +98,6 @@ def combine(a: U64, b: U64) -> U64:
     return _mix(a ^ _mix(b + np.uint64(0x9E3779B97F4A7C15)))
 
 
-def word_hashes(words: Sequence[str]) -> U64:
-    """``hash64`` of each word, hashing each distinct word once."""
-    table = {w: hash64(w) for w in dict.fromkeys(words)}
-    return np.fromiter((table[w] for w in words), dtype=np.uint64, count=len(words))
-
-
 def simhash_weighted(hashes: U64, weights: npt.NDArray[np.float64] | npt.NDArray[np.int64]) -> int:
     """Charikar's SimHash: bit i is set when the weighted vote of the hashes' bit i is positive."""
     if len(hashes) == 0:
@@ -297,10 +291,6 @@ def resemblance(a: bytes, n_a: int, b: bytes, n_b: int, k: int) -> tuple[float, 
     jac = float(np.isin(union, both, assume_unique=True).sum()) / len(union)
     inter = jac * (n_a + n_b) / (1.0 + jac)
     return jac, min(1.0, inter / max(1, min(n_a, n_b)))
-
-
-def string_hashes(strings: Sequence[str]) -> list[int]:
-    return [hash64(s) for s in strings]
 
 
 def fingerprint(text: str, cfg: EngineConfig) -> Fingerprints:
