@@ -51,6 +51,7 @@ class Report:
     recall_by_transform: dict[str, tuple[int, int]]  # kind -> (found, total)
     hard_negative_merged: tuple[int, int]  # (merged, total)
     duplicate_of_right: tuple[int, int]  # (names a page of the same story, named)
+    largest_cluster: tuple[int, int] = (0, 0)  # (pages, distinct stories among them)
 
     def lines(self) -> list[str]:
         out = [f"pairwise  {self.pairwise}", f"decisions {self.decisions}"]
@@ -58,6 +59,8 @@ class Report:
         out.append(f"hard negatives merged: {merged}/{total} = {merged / max(total, 1):.2%}")
         right, named = self.duplicate_of_right
         out.append(f"duplicate_of names the same story: {right}/{named}")
+        size, kinds = self.largest_cluster
+        out.append(f"largest cluster: {size} pages of {kinds} stories")
         for kind, (found, total) in sorted(self.recall_by_transform.items()):
             out.append(f"  recall[{kind:<14}] {found:4d}/{total:<4d} = {found / total:.3f}")
         return out
@@ -115,4 +118,7 @@ def score(
         recall_by_transform={k: (v[0], v[1]) for k, v in by_kind.items()},
         hard_negative_merged=(merged, len(negatives)),
         duplicate_of_right=(right, named),
+        largest_cluster=max(
+            ((n, len(members[c])) for c, n in Counter(cl.values()).items()), default=(0, 0)
+        ),
     )
