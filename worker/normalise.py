@@ -38,9 +38,16 @@ _PUNCT = str.maketrans(
         "）": ")",
         "\u3000": " ",
         "\u00a0": " ",
+        # invisible characters go: copied text carries them, and they split words
+        "\u200b": None,
+        "\u200c": None,
+        "\u200d": None,
+        "\u2060": None,
+        "\ufeff": None,
+        "\u00ad": None,
     }
 )
-_SPACE = re.compile(r"[ \t\r\f\v\u200b\u200c\u200d\ufeff]+")
+_SPACE = re.compile(r"[ \t\r\f\v]+")
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,211 @@
+"""Unit tests of the small stages: normalise, template filter, clusters, decide, config."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from worker.cluster import Clusters, PageKey
+from worker.config import EngineConfig
+from worker.decide import Candidate, Kind, candidates, matches
+from worker.fingerprint import Fingerprints, bottom_k
+from worker.index import ENTRY, Lookup
+from worker.normalise import normalise
+from worker.store import BufferedKV, MemoryKV
+from worker.template import TemplateFilter
+
+CFG = EngineConfig()
+
+
+# -- normalise -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [
+        ("這是臺灣的新聞。", "这是台湾的新闻。"),
+        ("ＡＢＣ１２３", "abc123"),
+        ("“引号”「引號」，逗号；分号！", '"引号""引号",逗号;分号!'),
+        ("多个　　空格\t和\u200b零宽", "多个 空格 和零宽"),
+        ("第一段\n\n\n  第二段  ", "第一段\n第二段"),
+        ("句号。保留", "句号。保留"),
+    ],
+)
+def test_normalise(raw: str, want: str) -> None:
+    assert normalise(raw) == want
+
+
+def test_normalise_is_idempotent() -> None:
+    text = "國務院總理今天（３月１日）表示：「經濟穩中向好」。"
+    assert normalise(normalise(text)) == normalise(text)
+
+
+# -- template filter -----------------------------------------------------------------
+
+
+def test_template_strings_are_learnt_per_host() -> None:
+    kv = BufferedKV(MemoryKV())
+    tf = TemplateFilter(kv, CFG.with_overrides(template_min_df=3))
+    for i in range(3):
+        template, seen = tf.filter("a.example.cn", [1, 2, 100 + i])
+        kv.commit()
+        assert template == set() and seen == i
+    template, _ = tf.filter("a.example.cn", [1, 2, 999])
+    assert template == {1, 2}
+    other, seen = tf.filter("b.example.cn", [1, 2])
+    assert other == set() and seen == 0
+
+
+def test_template_counts_are_bounded_by_two_generations() -> None:
+    inner = MemoryKV()
+    kv = BufferedKV(inner)
+    cfg = CFG.with_overrides(template_window=100, template_min_df=2)
+    tf = TemplateFilter(kv, cfg)
+    sizes = []
+    for page in range(1000):
+        tf.filter("h.example.cn", [page * 10 + j for j in range(5)])  # all strings unique
+        kv.commit()
+        sizes.append(sum(1 for k in inner.data if k.startswith(b"T")))
+    # at most two generations of 100 pages x 5 strings, however long the stream
+    assert max(sizes) <= 2 * 100 * 5
+    assert sizes[-1] <= 2 * 100 * 5
+
+
+def test_a_frequent_string_stays_template_across_generations() -> None:
+    kv = BufferedKV(MemoryKV())
+    tf = TemplateFilter(kv, CFG.with_overrides(template_window=100, template_min_df=5))
+    hits = []
+    for page in range(450):
+        template, _ = tf.filter("h.example.cn", [7, 1000 + page])
+        kv.commit()
+        hits.append(7 in template)
+    assert all(hits[5:])
+
+
+# -- clusters ------------------------------------------------------------------------
+
+
+def _record(kv: BufferedKV, key: PageKey) -> None:
+    import json
+
+    rec = {"page_id": key.page_id, "order": key.order}
+    kv.put_many([(b"M" + key.pid.to_bytes(8, "big"), json.dumps(rec).encode())])
+
+
+def test_union_find_names_the_earliest_and_merges_younger_into_older() -> None:
+    kv = BufferedKV(MemoryKV())
+    cl = Clusters(kv)
+    a, b, c = PageKey(1, 10, "a"), PageKey(2, 20, "b"), PageKey(3, 30, "c")
+    for k in (a, b):
+        _record(kv, k)
+        assert cl.join(k, []) == (k, [])
+    _record(kv, c)
+    root, merged = cl.join(c, [b.pid, a.pid])
+    assert root == a and merged == [b]
+    assert {cl.cluster_of(p) for p in (1, 2, 3)} == {"a"}
+
+
+def test_an_older_page_becomes_the_root() -> None:
+    kv = BufferedKV(MemoryKV())
+    cl = Clusters(kv)
+    young, old = PageKey(5, 50, "young"), PageKey(6, 5, "old")
+    _record(kv, young)
+    cl.join(young, [])
+    _record(kv, old)
+    root, merged = cl.join(old, [young.pid])
+    assert root == old and merged == [young]
+    assert cl.cluster_of(young.pid) == "old"
+
+
+def test_find_compresses_paths() -> None:
+    kv = BufferedKV(MemoryKV())
+    cl = Clusters(kv)
+    keys = [PageKey(i, i, f"p{i}") for i in range(1, 6)]
+    _record(kv, keys[0])
+    cl.join(keys[0], [])
+    for prev, k in zip(keys, keys[1:], strict=False):
+        _record(kv, k)
+        cl.join(k, [prev.pid])
+    assert cl.find(5) == 1
+    raw = kv.get_many([b"U" + (5).to_bytes(8, "big")])[0]
+    assert raw is not None and int.from_bytes(raw, "big") == 1
+
+
+# -- decide --------------------------------------------------------------------------
+
+
+# bottom-k sketches estimate well only for hash-like (uniformly spread) values
+_POOL = np.random.default_rng(5).choice(2**32, size=2000, replace=False).astype(np.uint32)
+
+
+def _sketch(values: range) -> tuple[int, bytes]:
+    arr = _POOL[list(values)]
+    return len(arr), bottom_k(arr, CFG.sketch_size)
+
+
+def _fps(values: range, strings: tuple[int, ...] = ()) -> Fingerprints:
+    n, sketch = _sketch(values)
+    return Fingerprints(fp1=0, fp2=0, strings=strings, words=10, shingles=n, sketch=sketch)
+
+
+def test_verification_decides_the_kind() -> None:
+    me = _fps(range(0, 100), strings=(1, 2, 3, 4))
+    cands = {
+        10: Candidate(10, 2, 2, 0.0, 1, True),  # SimHash neighbour, same 5-grams
+        11: Candidate(11, 20, 20, 1.0, 2, False),  # this page is inside a larger one
+        12: Candidate(12, 20, 20, 1.0, 3, False),  # a smaller page inside this one
+        13: Candidate(13, 20, 20, 1.0, 4, False),  # shares strings, not 5-grams
+        14: Candidate(14, 20, 20, 0.2, 5, False),  # 5-grams inside, too few strings
+    }
+    sketches = {
+        10: _sketch(range(0, 100)),
+        11: _sketch(range(0, 300)),
+        12: _sketch(range(0, 40)),
+        13: _sketch(range(1000, 1100)),
+        14: _sketch(range(0, 300)),
+    }
+    got = {m.pid: m.kind for m in matches(me, cands, sketches, CFG)}
+    assert got == {10: Kind.DUPLICATE, 11: Kind.CONTAINED, 12: Kind.CONTAINS}
+    best = matches(me, cands, sketches, CFG)[0]
+    assert best.pid == 10 and best.distance == 2 and best.similarity == 1.0
+
+
+def test_candidates_skip_self_and_need_ccs() -> None:
+    fps = Fingerprints(fp1=0, fp2=0, strings=(1, 2, 3, 4), words=10)
+    near = np.zeros(2, dtype=ENTRY)
+    near["pid"] = [7, 8]
+    shared = np.zeros(2, dtype=ENTRY)
+    shared["pid"], shared["n"] = [9, 10], [4, 4]
+    found = Lookup(near=near, shared=shared, shared_counts=np.array([3, 1]))
+    got = candidates(fps, found, CFG, self_pid=8)
+    assert set(got) == {7, 9}
+    assert got[9].ccs == 0.75 and not got[9].by_simhash and got[7].by_simhash
+
+
+# -- config --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"k1": 4, "k2": 3},
+        {"blocks": 3},
+        {"blocks": 17},
+        {"segmenter": "thulac"},
+        {"ccs_min": 0.0},
+        {"jaccard_min": 1.5},
+        {"sketch_size": 8},
+        {"bucket_cap": 1},
+        {"max_bytes": 10},
+    ],
+)
+def test_config_rejects_bad_values(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        CFG.with_overrides(**bad)
+
+
+def test_config_string_and_marker() -> None:
+    assert "k1=3" in str(CFG) and "jaccard_min=" in str(CFG)
+    assert "jaccard_min" not in CFG.index_marker()  # decision-only: may change between runs
+    assert CFG.tables == 4 and CFG.key_bits == 16
+    assert CFG.with_overrides(blocks=6).tables == 20
