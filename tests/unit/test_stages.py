@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -123,7 +125,7 @@ def test_find_compresses_paths() -> None:
     keys = [PageKey(i, i, f"p{i}") for i in range(1, 6)]
     _record(kv, keys[0])
     cl.join(keys[0], [])
-    for prev, k in zip(keys, keys[1:], strict=False):
+    for prev, k in itertools.pairwise(keys):
         _record(kv, k)
         cl.join(k, [prev.pid])
     assert cl.find(5) == 1
