@@ -68,6 +68,13 @@ class Settings(BaseSettings):
     mark_interval_ms: int = Field(default=500, ge=50, le=60_000)
     #: Standby replicas of the state tables on other workers (NEARDUP_STANDBY_REPLICAS).
     standby_replicas: int = Field(default=1, ge=0, le=8)
+    #: routed: the index is partitioned by bucket over NEARDUP_PARTITIONS partitions of
+    #: internal topics; sequential: the whole index sits with the sequencer
+    #: (NEARDUP_TOPOLOGY). Both decide exactly as ``neardup dedup`` does.
+    topology: Literal["routed", "sequential"] = "routed"
+    #: A worker that stops heartbeating leaves its group after this long, and its
+    #: partitions move (NEARDUP_SESSION_TIMEOUT_MS).
+    session_timeout_ms: int = Field(default=10_000, ge=6_000, le=300_000)
     #: Metrics and health endpoint (NEARDUP_HTTP_HOST, NEARDUP_HTTP_PORT).
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)

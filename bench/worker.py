@@ -1,0 +1,314 @@
+"""The Kafka worker against a real local broker, on the dev pages. Prints figures; asserts
+nothing.
+
+    .venv/bin/python bench/worker.py [--bootstrap HOST:PORT] [--limit N] [--partitions 4]
+        [--topology routed|sequential] [--recovery-pages 100000]
+
+Without ``--bootstrap`` (or KAFKA_BOOTSTRAP_SERVERS) it starts scripts/kafka-local.sh on
+free loopback ports and stops it at the end. It measures, in one run:
+
+* ``neardup dedup``'s engine over the same pages, in this process: pages/s on one core;
+* throughput of 1 worker and of 2 workers (separate processes): the raw topic is filled
+  first, then the rate is taken over the window after every worker is ready, so that
+  start-up and the first rebalance are left out;
+* end-to-end latency (produce to decision read back) at half the 1-worker capacity;
+* recovery: one worker indexes ``--recovery-pages`` pages (the dev pages again and again
+  under new ids), is SIGKILLed mid-stream and restarted on its state directory; the time
+  until it is ready again and until its next decision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import DATA, raw_lines
+from tests.integration.helpers import (
+    ROOT,
+    Collector,
+    Names,
+    WorkerProcess,
+    create_topics,
+    free_port,
+    message_key,
+    produce,
+    wait_for,
+)
+from worker.config import EngineConfig
+from worker.contract import derive_page_id, parse_raw
+from worker.engine import Engine
+from worker.store import MemoryKV
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) of a process and all its descendants now alive: the
+    engine analyses pages in sandbox children."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended while we looked
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / _TICK
+    total = 0.0
+    for pid, seconds in cpu.items():
+        p = pid
+        while p > 1 and p != root:
+            p = parents.get(p, 0)
+        if p == root:
+            total += seconds
+    return total
+
+
+def engine_rate(lines: list[bytes]) -> tuple[float, float]:
+    """The embedded engine (``neardup dedup`` without file I/O): pages/s on the clock, and
+    CPU seconds per page (this process and its sandbox children)."""
+    cfg = EngineConfig()
+    engine = Engine(MemoryKV(), cfg)
+    engine.process(parse_raw(lines[0], cfg.max_bytes))  # the sandbox starts
+    c0, t0 = tree_cpu(os.getpid()), time.perf_counter()
+    for line in lines[1:]:
+        engine.process(parse_raw(line, cfg.max_bytes))
+    elapsed, cpu = time.perf_counter() - t0, tree_cpu(os.getpid()) - c0
+    engine.close()
+    return (len(lines) - 1) / elapsed, cpu / (len(lines) - 1)
+
+
+class Run:
+    """Topics of their own, a collector, and worker processes."""
+
+    def __init__(self, bootstrap: str, tmp: Path, partitions: int, topology: str) -> None:
+        self.bootstrap, self.tmp, self.partitions, self.topology = (
+            bootstrap,
+            tmp,
+            partitions,
+            topology,
+        )
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.names = Names()
+        create_topics(bootstrap, {self.names.raw: partitions})
+        self.collector = Collector(bootstrap, [self.names.decisions, self.names.rejects])
+        self.workers: list[WorkerProcess] = []
+
+    def worker(self, i: int) -> WorkerProcess:
+        w = WorkerProcess(
+            self.bootstrap,
+            self.names,
+            self.partitions,
+            self.tmp / f"w{i}",
+            self.tmp / f"w{i}.log",
+            topology=self.topology,
+        )
+        w.env["NEARDUP_COMMIT_INTERVAL_MS"] = "1000"
+        w.env["NEARDUP_MARK_INTERVAL_MS"] = "500"
+        self.workers.append(w)
+        return w
+
+    def outputs(self) -> int:
+        return len(self.collector.messages[self.names.decisions]) + len(
+            self.collector.messages[self.names.rejects]
+        )
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.stop()
+        self.collector.close()
+
+
+def throughput(
+    bootstrap: str, tmp: Path, lines: list[bytes], n_workers: int, *, parts: int, topology: str
+) -> tuple[float, float]:
+    """Pages/s of ``n_workers`` workers on the clock, and their CPU seconds per page."""
+    run = Run(bootstrap, tmp, parts, topology)
+    try:
+        produce(bootstrap, run.names.raw, lines)
+        workers = [run.worker(i).start() for i in range(n_workers)]
+        wait_for(lambda: all(w.get("/readyz") == 200 for w in workers), 300, "workers ready")
+        t0, done0 = time.time(), run.outputs()
+        c0 = sum(tree_cpu(w.proc.pid) for w in workers if w.proc)
+        wait_for(lambda: run.outputs() >= len(lines), 3600, "every page out")
+        cpu = sum(tree_cpu(w.proc.pid) for w in workers if w.proc) - c0
+        times = run.collector.times[run.names.decisions] + run.collector.times[run.names.rejects]
+        pages = len(lines) - done0
+        return pages / max(max(times) - t0, 1e-9), cpu / max(pages, 1)
+    finally:
+        run.close()
+
+
+def latency(
+    bootstrap: str, tmp: Path, lines: list[bytes], rate: float, *, parts: int, topology: str
+) -> tuple[float, float, int]:
+    """p50 and p99 seconds from produce to the decision being read, at ``rate`` pages/s."""
+    from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
+
+    run = Run(bootstrap, tmp, parts, topology)
+    sent: dict[str, float] = {}
+    try:
+        w = run.worker(0).start()
+        wait_for(lambda: w.get("/readyz") == 200, 300, "worker ready")
+
+        async def paced() -> None:
+            producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=32 << 20)
+            await producer.start()
+            try:
+                start = time.time()
+                for i, line in enumerate(lines):
+                    delay = start + i / rate - time.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    msg = json.loads(line)
+                    # a fresh fetch time: the stream is live
+                    msg["fetched_at"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + (
+                        f".{int(time.time() * 1000) % 1000:03d}Z"
+                    )
+                    value = json.dumps(msg, ensure_ascii=False).encode()
+                    page_id = msg.get("page_id") or derive_page_id(msg["url"])
+                    sent[page_id] = time.time()
+                    await producer.send(run.names.raw, value, key=message_key(value))
+                await producer.flush()
+            finally:
+                await producer.stop()
+
+        asyncio.run(paced())
+        wait_for(lambda: run.outputs() >= len(lines), 600, "every page out")
+        got = zip(
+            run.collector.messages[run.names.decisions],
+            run.collector.times[run.names.decisions],
+            strict=True,
+        )
+        lat = sorted(t - sent[d["page_id"]] for d, t in got if d["page_id"] in sent)
+        q = statistics.quantiles(lat, n=100)
+        return q[49], q[98], len(lat)
+    finally:
+        run.close()
+
+
+def recovery(
+    bootstrap: str, tmp: Path, lines: list[bytes], pages: int, *, parts: int, topology: str
+) -> tuple[float, float, float]:
+    """Seconds from SIGKILL to ready, and to the next decision; and the indexing rate."""
+    run = Run(bootstrap, tmp, parts, topology)
+    try:
+        stream = []
+        for i in range(pages + 400):
+            msg = json.loads(lines[i % len(lines)])
+            copy = i // len(lines)
+            msg["url"] = f"{msg['url']}#copy{copy}"
+            hour = 100 * copy + int(msg["fetched_at"][11:13])
+            day = 1 + hour // 24
+            msg["fetched_at"] = f"2026-04-{day:02d}T{hour % 24:02d}{msg['fetched_at'][13:]}"
+            stream.append(json.dumps(msg, ensure_ascii=False).encode())
+        produce(bootstrap, run.names.raw, stream[:pages])
+        w = run.worker(0).start()
+        t0 = time.time()
+        wait_for(lambda: run.outputs() >= pages, 24 * 3600, f"{pages} pages indexed")
+        rate = pages / (time.time() - t0)
+        produce(bootstrap, run.names.raw, stream[pages:])
+        wait_for(lambda: run.outputs() >= pages + 100, 600, "the stream going on")
+        w.kill()
+        killed = time.time()
+        before = run.outputs()
+        again = run.worker(0).start()
+        wait_for(lambda: again.get("/readyz") == 200, 3600, "ready after the restart")
+        ready = time.time() - killed
+        wait_for(lambda: run.outputs() > before, 3600, "a decision after the restart")
+        return ready, time.time() - killed, rate
+    finally:
+        run.close()
+
+
+def local_broker() -> tuple[str, dict[str, str]]:
+    port = free_port()
+    while port + 1 > 65535:  # the controller takes the next port
+        port = free_port()
+    run_dir = tempfile.mkdtemp(prefix="neardup-kafka-bench-")
+    env = {**os.environ, "NEARDUP_KAFKA_DIR": run_dir, "NEARDUP_KAFKA_PORT": str(port)}
+    subprocess.run(["bash", str(ROOT / "scripts/kafka-local.sh"), "start"], env=env, check=True)
+    return f"127.0.0.1:{port}", env
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+    ap.add_argument("--data", type=Path, default=DATA / "neardup-dev")
+    ap.add_argument("--limit", type=int, default=0, help="use the first N pages only")
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--topology", choices=["routed", "sequential"], default="routed")
+    ap.add_argument("--recovery-pages", type=int, default=100_000)
+    ap.add_argument("--skip", nargs="*", default=[], choices=["latency", "recovery"])
+    args = ap.parse_args()
+
+    lines = [ln.rstrip(b"\n") for ln in raw_lines(args.data / "pages.jsonl.gz")]
+    if args.limit:
+        lines = lines[: args.limit]
+    broker_env = None
+    bootstrap = args.bootstrap
+    if not bootstrap:
+        bootstrap, broker_env = local_broker()
+    tmp = Path(tempfile.mkdtemp(prefix="neardup-bench-"))
+    try:
+        print(
+            f"{len(lines)} dev pages, broker {bootstrap}, {args.partitions} partitions, "
+            f"topology {args.topology}, {os.cpu_count()} cores"
+        )
+        eng, eng_cpu = engine_rate(lines)
+        print(f"neardup dedup (engine):  {eng:7.1f} pages/s, {eng_cpu * 1000:5.1f} ms CPU a page")
+        kw: dict[str, Any] = {"parts": args.partitions, "topology": args.topology}
+        one, one_cpu = throughput(bootstrap, tmp / "t1", lines, 1, **kw)
+        print(
+            f"worker x1:               {one:7.1f} pages/s, {one_cpu * 1000:5.1f} ms CPU a page "
+            f"({one / eng:.0%} of the engine's pages/s; per core {eng_cpu / one_cpu:.0%})"
+        )
+        two, two_cpu = throughput(bootstrap, tmp / "t2", lines, 2, **kw)
+        print(
+            f"worker x2:               {two:7.1f} pages/s, {two_cpu * 1000:5.1f} ms CPU a page "
+            f"({two / 2 / eng:.0%} of the engine's pages/s per worker; x{two / one:.2f} one "
+            "worker)"
+        )
+        if "latency" not in args.skip:
+            rate = one / 2
+            p50, p99, n = latency(
+                bootstrap, tmp / "lat", lines[: max(200, int(rate * 60))], rate, **kw
+            )
+            print(
+                f"end-to-end latency at {rate:.0f} pages/s (1 worker, {n} pages): "
+                f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms"
+            )
+        if "recovery" not in args.skip:
+            ready, first, rate = recovery(bootstrap, tmp / "rec", lines, args.recovery_pages, **kw)
+            print(
+                f"recovery after SIGKILL with {args.recovery_pages} pages indexed "
+                f"(indexed at {rate:.0f} pages/s): ready after {ready:.1f} s, "
+                f"next decision after {first:.1f} s"
+            )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if broker_env is not None:
+            subprocess.run(
+                ["bash", str(ROOT / "scripts/kafka-local.sh"), "stop"],
+                env=broker_env,
+                check=False,
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""The worker's agents in Faust's test context: memory store, no broker.
+
+Each test builds its own ``Worker`` (its own app id) and replaces its ``send`` and
+``flush`` with recorders, so that what the agents publish, and in which order relative to
+the changelog flush, can be read back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.corpus import line
+from tests.gold import gold_stream
+from worker.config import EngineConfig
+from worker.contract import parse_raw, validate
+from worker.engine import Engine
+from worker.kafka import wire
+from worker.kafka.app import Worker
+from worker.kafka.stage import drained
+from worker.records import Rejected
+from worker.settings import Settings
+from worker.store import MemoryKV
+
+PDF = {
+    "url": "https://files.example.cn/report.pdf",
+    "fetched_at": "2026-03-01T08:30:00Z",
+    "content_type": "application/pdf",
+    "body_b64": "JVBERi0xLjQKJcfsj6IKNSAwIG9iago8PC9MZW5ndGggNiAwIFI+PgpzdHJlYW0K",
+}
+
+
+class Recorder:
+    """Stands in for the worker's ``send`` and ``flush``; remembers the calls in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bytes | None, bytes]] = []
+        self.partitions: list[int | None] = []
+
+    def take(self, suffix: str) -> list[tuple[int | None, bytes]]:
+        """The calls to topics ending in ``suffix``, with their partitions; forgets them."""
+        picked = [
+            (p, v)
+            for (t, _, v), p in zip(self.calls, self.partitions, strict=True)
+            if t.endswith(suffix)
+        ]
+        kept = [
+            (c, p)
+            for c, p in zip(self.calls, self.partitions, strict=True)
+            if not c[0].endswith(suffix)
+        ]
+        self.calls = [c for c, _ in kept]
+        self.partitions = [p for _, p in kept]
+        return picked
+
+    async def send(
+        self, topic: Any, key: bytes | None, value: bytes, partition: int | None = None
+    ) -> None:
+        self.calls.append((topic.get_topic_name(), key, value))
+        self.partitions.append(partition)
+
+    async def flush(self) -> None:
+        self.calls.append(("<flush>", None, b""))
+        self.partitions.append(None)
+
+    def values(self, suffix: str) -> list[bytes]:
+        return [v for t, _, v in self.calls if t.endswith(suffix)]
+
+
+def _worker(
+    tmp_path: Path, partitions: int = 1, topology: str = "sequential"
+) -> tuple[Worker, Recorder]:
+    settings = Settings(
+        state_dir=str(tmp_path),
+        app_id=f"agents-{uuid.uuid4().hex[:8]}",
+        partitions=partitions,
+        topology=topology,  # type: ignore[arg-type]
+    )
+    worker = Worker(settings, store="memory://", serve_http=False)
+    rec = Recorder()
+    worker.send = rec.send
+    worker.flush = rec.flush
+    return worker, rec
+
+
+def run(coro: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(coro())
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Wait for ``condition`` (agents that take batches answer a little later)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def test_analyse_forwards_pages_with_their_offsets_and_dead_letters_the_rest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker, rec = _worker(tmp_path, partitions=2)
+    pages = gold_stream()[0][:2]
+    bad = [b"{not json", line({**pages[0], "body_b64": "@@@", "html": None}).encode()]
+    bad_b64 = dict(pages[0])
+    bad_b64.pop("html", None)
+    bad_b64["body_b64"] = "not base64!"
+
+    async def go() -> None:
+        async with worker.analyse_agent.test_context() as agent:
+            for p in pages:
+                await agent.put(value=line(p).encode(), key=b"k", partition=1)
+            await agent.put(value=bad[0], key=b"k", partition=1)
+            await agent.put(value=line(bad_b64).encode(), key=b"k", partition=1)
+            await agent.put(value=line(PDF).encode(), key=b"k", partition=1)
+
+    with caplog.at_level(logging.INFO, logger="worker.kafka"):
+        run(go)
+    forwarded = [wire.decode(v) for v in rec.values("sequencer")]
+    assert [type(m) for m in forwarded] == [wire.PageMsg, wire.PageMsg]
+    assert [(m.partition, m.offset) for m in forwarded if isinstance(m, wire.PageMsg)] == [
+        (1, 0),
+        (1, 1),
+    ]
+    rejected = [json.loads(v) for v in rec.values("rejected-pages")]
+    assert [r["reason"] for r in rejected] == ["bad_json", "bad_base64", "not_html"]
+    for r in rejected:
+        assert validate("rejected", r) == []
+    # the structured log line says where the message was
+    logged = [r.getMessage() for r in caplog.records if "page rejected" in r.getMessage()]
+    assert len(logged) == 3
+    assert all("partition=1" in m and "offset=" in m and "topic=" in m for m in logged)
+
+
+def test_sequence_decides_like_the_engine_and_flushes_before_publishing(tmp_path: Path) -> None:
+    worker, rec = _worker(tmp_path)
+    cfg = EngineConfig()
+    pages = gold_stream()[0]
+    engine = Engine(MemoryKV(), cfg)
+    want = []
+    for p in pages:
+        out = engine.process(parse_raw(line(p), cfg.max_bytes))
+        assert not isinstance(out, Rejected)
+        want.append({k: v for k, v in out.decision.items() if k != "decided_at"})
+
+    async def go() -> None:
+        async with worker.analyse_agent.test_context() as agent:
+            for p in pages:
+                await agent.put(value=line(p).encode(), key=b"k", partition=0)
+        forwarded = rec.values("sequencer")
+        async with worker.sequence_agent.test_context() as agent:
+            for v in forwarded:
+                await agent.put(value=v, partition=0)
+            # each page goes once a later one has come; the last waits for partition 0
+            # to be drained
+            await until(lambda: len(rec.values("decisions")) == len(pages) - 1, "decisions")
+            marks = wire.MarksMsg(1, (wire.Mark(0, len(pages)),))
+            await agent.put(value=wire.encode(marks), partition=0)
+            await until(lambda: len(rec.values("decisions")) == len(pages), "the last decision")
+
+    run(go)
+    decisions = [json.loads(v) for v in rec.values("decisions")]
+    assert [{k: v for k, v in d.items() if k != "decided_at"} for d in decisions] == want
+    for d in decisions:
+        assert validate("decision", d) == []
+    first_decision = next(i for i, c in enumerate(rec.calls) if c[0].endswith("decisions"))
+    assert rec.calls[first_decision - 1][0] == "<flush>"
+
+
+def test_a_redelivered_page_gets_its_stored_decision_and_no_other(tmp_path: Path) -> None:
+    worker, rec = _worker(tmp_path)
+    msg = gold_stream()[0][0]
+
+    async def go() -> None:
+        async with worker.analyse_agent.test_context() as agent:
+            await agent.put(value=line(msg).encode(), key=b"k", partition=0)
+        (page_msg,) = rec.values("sequencer")
+        async with worker.sequence_agent.test_context() as agent:
+            await agent.put(value=page_msg, partition=0)
+            await agent.put(value=wire.encode(wire.MarksMsg(1, (wire.Mark(0, 1),))), partition=0)
+            await until(lambda: len(rec.values("decisions")) == 1, "the decision")
+            await agent.put(value=page_msg, partition=0)  # at-least-once: delivered again
+            await until(lambda: len(rec.values("decisions")) == 2, "the stored decision")
+
+    run(go)
+    decisions = rec.values("decisions")
+    assert len(decisions) == 2 and decisions[0] == decisions[1]
+    assert json.loads(decisions[0])["decision"] == "unique"
+
+
+def test_an_undecodable_sequencer_message_is_logged_and_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker, rec = _worker(tmp_path)
+
+    async def go() -> None:
+        async with worker.sequence_agent.test_context() as agent:
+            await agent.put(value=b'{"v": 99}', partition=0)
+            await until(lambda: any("undecodable" in r.getMessage() for r in caplog.records), "log")
+
+    with caplog.at_level(logging.ERROR, logger="worker.kafka"):
+        run(go)
+    assert rec.calls == []
+    (record,) = [r for r in caplog.records if "undecodable" in r.getMessage()]
+    assert "partition=0" in record.getMessage() and "offset=0" in record.getMessage()
+
+
+def test_marks_are_made_for_partitions_committed_to_their_end() -> None:
+    marks, lag = drained(
+        ends={0: 10, 1: 5, 2: 0, 3: 7, 4: None},
+        committed={0: 10, 1: 3, 2: None, 3: None, 4: 1},
+        earliest={2: 0, 3: 2},
+    )
+    assert marks == [wire.Mark(0, 10), wire.Mark(2, 0)]
+    assert lag == {0: 0, 1: 2, 2: 0, 3: 5}
+
+
+def test_exactly_once_is_refused_with_a_reason(tmp_path: Path) -> None:
+    settings = Settings(state_dir=str(tmp_path), processing_guarantee="exactly_once")
+    with pytest.raises(SystemExit, match="at_least_once"):
+        Worker(settings, store="memory://", serve_http=False)
+
+
+def test_routed_agents_probe_buckets_by_key_and_decide_like_the_engine(tmp_path: Path) -> None:
+    worker, rec = _worker(tmp_path, partitions=3, topology="routed")
+    cfg = EngineConfig()
+    pages = gold_stream()[0]
+    engine = Engine(MemoryKV(), cfg)
+    want = []
+    for p in pages:
+        out = engine.process(parse_raw(line(p), cfg.max_bytes))
+        assert not isinstance(out, Rejected)
+        want.append({k: v for k, v in out.decision.items() if k != "decided_at"})
+
+    async def go() -> None:
+        async with worker.analyse_agent.test_context() as agent:
+            for p in pages:
+                await agent.put(value=line(p).encode(), key=b"k", partition=0)
+        inbox = [v for _, v in rec.take("sequencer")]
+        inbox.append(wire.encode(wire.MarksMsg(3, tuple(wire.Mark(p, 10_000) for p in range(3)))))
+        async with (
+            worker.sequence_agent.test_context() as seq,
+            worker.probe_agent.test_context() as probe,
+            worker.records_agent.test_context() as records,
+        ):
+            # carry each message the agents send to the agent of its topic, until the last
+            # page is decided
+            deadline = asyncio.get_running_loop().time() + 60
+            while len(rec.values("decisions")) < len(pages):
+                assert asyncio.get_running_loop().time() < deadline, "the pages never decided"
+                for v in inbox:
+                    await seq.put(value=v, partition=0)
+                for p, v in rec.take("probes"):
+                    assert p is not None and 0 <= p < 3
+                    await probe.put(value=v, partition=p)
+                for p, v in rec.take("records"):
+                    assert p is not None and 0 <= p < 3
+                    await records.put(value=v, partition=p)
+                await asyncio.sleep(0.02)
+                inbox = [v for _, v in rec.take("sequencer")]
+
+    run(go)
+    decisions = [json.loads(v) for v in rec.values("decisions")]
+    assert [{k: v for k, v in d.items() if k != "decided_at"} for d in decisions] == want

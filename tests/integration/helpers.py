@@ -1,0 +1,410 @@
+"""What the integration tests share: topics with unique names, producing and consuming,
+worker processes, the stream and the sequential reference (``neardup dedup``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.corpus import line
+from tests.gold import gold_stream
+from worker.cli import main as neardup
+from worker.contract import derive_page_id
+from worker.engine import page_order
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "examples" / "sample.jsonl"
+
+
+# -- waiting -------------------------------------------------------------------------------
+
+
+def wait_for(
+    condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.2
+) -> None:
+    """Poll ``condition`` until it holds; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+# -- the stream ----------------------------------------------------------------------------
+
+
+def _sort_key(value: bytes) -> tuple[int, int, str]:
+    try:
+        msg = json.loads(value)
+        page_id = msg.get("page_id") or derive_page_id(msg["url"])
+        return (1, page_order(msg["fetched_at"]), page_id)
+    except (ValueError, KeyError, TypeError):
+        return (0, 0, "")  # rejected whatever its place
+
+
+def stream(seeds: Iterable[int] = (2026, 7, 11)) -> list[bytes]:
+    """Raw-page messages: gold streams (their URLs made unique per seed, each seed an hour
+    later) and the bundled sample, in (fetched_at, page_id) order, which is the order the
+    worker decides in (see ``worker.kafka.sequence``)."""
+    values: list[bytes] = []
+    for n, seed in enumerate(seeds):
+        messages, _ = gold_stream(seed)
+        for original in messages:
+            msg = dict(original)
+            msg["url"] = f"{msg['url']}?s={seed}"
+            hour = int(msg["fetched_at"][11:13]) + 2 * n
+            msg["fetched_at"] = f"{msg['fetched_at'][:11]}{hour:02d}{msg['fetched_at'][13:]}"
+            values.append(line(msg).encode())
+    values += [raw.rstrip(b"\n") for raw in SAMPLE.read_bytes().splitlines(keepends=True)]
+    return sorted(values, key=_sort_key)
+
+
+def message_key(value: bytes) -> bytes:
+    """The producer's key: the URL, or the whole value for a message that is not JSON."""
+    try:
+        return str(json.loads(value)["url"]).encode()
+    except (ValueError, KeyError, TypeError):
+        return value[:64]
+
+
+@dataclass
+class Reference:
+    decisions: list[dict[str, Any]]
+    clusters: dict[str, str]
+    rejects: list[dict[str, Any]]
+
+
+def reference(values: list[bytes], tmp: Path) -> Reference:
+    """``neardup dedup`` over the same messages in the same order."""
+    pages = tmp / "stream.jsonl"
+    pages.write_bytes(b"".join(v + b"\n" for v in values))
+    out, clusters, rejects = tmp / "ref-decisions.jsonl", tmp / "ref-clusters.jsonl", tmp / "r"
+    neardup(
+        [
+            "dedup",
+            str(pages),
+            "--out",
+            str(out),
+            "--clusters",
+            str(clusters),
+            "--rejects",
+            str(rejects),
+            "-q",
+        ]
+    )
+
+    def read(p: Path) -> list[dict[str, Any]]:
+        return [json.loads(x) for x in p.read_text(encoding="utf-8").splitlines()]
+
+    return Reference(
+        read(out), {c["page_id"]: c["cluster_id"] for c in read(clusters)}, read(rejects)
+    )
+
+
+def stable(decision: dict[str, Any]) -> tuple[Any, ...]:
+    """A decision without its time: what must be equal between runs."""
+    return tuple(sorted((k, json.dumps(v)) for k, v in decision.items() if k != "decided_at"))
+
+
+def fold(decisions: Iterable[dict[str, Any]], merges: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """Final clusters: each page's cluster at decision time, then every merge (a union of
+    two roots, the older absorbing the younger) applied, in whatever order they came."""
+    parent: dict[str, str] = {}
+    for m in merges:
+        parent[m["from_cluster"]] = m["into_cluster"]
+
+    def root(c: str) -> str:
+        seen = set()
+        while c in parent and c not in seen:
+            seen.add(c)
+            c = parent[c]
+        return c
+
+    return {d["page_id"]: root(d["cluster_id"]) for d in decisions}
+
+
+# -- Kafka ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Names:
+    """Unique topic names and app id for one test."""
+
+    prefix: str = field(default_factory=lambda: f"it-{uuid.uuid4().hex[:10]}")
+
+    @property
+    def app_id(self) -> str:
+        return self.prefix
+
+    @property
+    def raw(self) -> str:
+        return f"{self.prefix}.raw"
+
+    @property
+    def decisions(self) -> str:
+        return f"{self.prefix}.decisions"
+
+    @property
+    def merges(self) -> str:
+        return f"{self.prefix}.merges"
+
+    @property
+    def rejects(self) -> str:
+        return f"{self.prefix}.rejects"
+
+
+def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    async def run() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(t, n, 1) for t, n in topics.items()])
+        finally:
+            await admin.close()
+
+    asyncio.run(run())
+
+
+def produce(bootstrap: str, topic: str, values: Iterable[bytes]) -> None:
+    """Produce ``values`` in order (keyed by URL) and wait until all are acknowledged."""
+    from aiokafka import AIOKafkaProducer
+
+    async def run() -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, max_request_size=32 * 1024 * 1024, linger_ms=5
+        )
+        await producer.start()
+        try:
+            futures = [await producer.send(topic, v, key=message_key(v)) for v in values]
+            await producer.flush()
+            for f in futures:
+                await f
+        finally:
+            await producer.stop()
+
+    asyncio.run(run())
+
+
+class Collector:
+    """Reads output topics from the beginning, in a background thread of its own."""
+
+    def __init__(self, bootstrap: str, topics: list[str]) -> None:
+        import threading
+
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.messages: dict[str, list[dict[str, Any]]] = {t: [] for t in topics}
+        #: When each message was read (time.time()), beside ``messages``.
+        self.times: dict[str, list[float]] = {t: [] for t in topics}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+
+    async def _run(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+
+        consumer = AIOKafkaConsumer(
+            *self.topics,
+            bootstrap_servers=self.bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            group_id=None,
+            metadata_max_age_ms=1000,
+        )
+        await consumer.start()
+        try:
+            while not self._stop.is_set():
+                batch = await consumer.getmany(timeout_ms=200)
+                now = time.time()
+                for tp, records in batch.items():
+                    for r in records:
+                        self.messages[tp.topic].append(json.loads(r.value))
+                        self.times[tp.topic].append(now)
+        finally:
+            await consumer.stop()
+
+    def get(self, topic: str) -> list[dict[str, Any]]:
+        return list(self.messages[topic])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+# -- worker processes ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class WorkerProcess:
+    """``python -m worker.kafka worker`` with its own state directory and HTTP port."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        names: Names,
+        partitions: int,
+        state_dir: Path,
+        log: Path,
+        *,
+        topology: str = "routed",
+    ) -> None:
+        self.port = free_port()
+        self.log = log
+        self.env = {
+            **os.environ,
+            "NEARDUP_BROKERS": bootstrap,
+            "NEARDUP_APP_ID": names.app_id,
+            "NEARDUP_TOPIC_RAW": names.raw,
+            "NEARDUP_TOPIC_DECISIONS": names.decisions,
+            "NEARDUP_TOPIC_MERGES": names.merges,
+            "NEARDUP_TOPIC_REJECTS": names.rejects,
+            "NEARDUP_PARTITIONS": str(partitions),
+            "NEARDUP_STATE_DIR": str(state_dir),
+            "NEARDUP_HTTP_PORT": str(self.port),
+            "NEARDUP_COMMIT_INTERVAL_MS": "300",
+            "NEARDUP_MARK_INTERVAL_MS": "200",
+            "NEARDUP_STANDBY_REPLICAS": "0",
+            "NEARDUP_TOPOLOGY": topology,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        #: Stopped or killed on purpose.
+        self.ended = False
+
+    def start(self) -> WorkerProcess:
+        fh = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.kafka", "worker", "-l", "info"],
+            env=self.env,
+            cwd=ROOT,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+        fh.close()
+        return self
+
+    def get(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except OSError:
+            return 0
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, nothing flushed."""
+        self.ended = True
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 60) -> None:
+        self.ended = True
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+# -- one test's deployment -----------------------------------------------------------------
+
+
+class Deployment:
+    """Unique topics, a collector on the outputs and worker processes, for one test."""
+
+    def __init__(
+        self, bootstrap: str, tmp: Path, partitions: int, topology: str = "routed"
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topology = topology
+        self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.partitions = partitions
+        self.names = Names()
+        create_topics(bootstrap, {self.names.raw: partitions})
+        self.collector = Collector(
+            bootstrap, [self.names.decisions, self.names.merges, self.names.rejects]
+        )
+        self.workers: list[WorkerProcess] = []
+
+    def worker(self, index: int) -> WorkerProcess:
+        """A worker process; ``index`` names its state directory and log (a worker
+        restarted with the same index keeps its state directory)."""
+        w = WorkerProcess(
+            self.bootstrap,
+            self.names,
+            self.partitions,
+            self.tmp / f"worker{index}",
+            self.tmp / f"worker{index}.log",
+            topology=self.topology,
+        )
+        self.workers.append(w)
+        return w
+
+    def produce(self, values: Iterable[bytes]) -> None:
+        produce(self.bootstrap, self.names.raw, values)
+
+    def wait(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        """``wait_for``, failing at once if a worker that should run has died."""
+
+        def check() -> bool:
+            dead = [w for w in self.workers if w.proc is not None and not w.alive() and not w.ended]
+            if dead:
+                raise AssertionError(f"worker {dead[0].log.name} died:\n{dead[0].tail(40)}")
+            return condition()
+
+        wait_for(check, timeout, what)
+
+    def decisions(self) -> list[dict[str, Any]]:
+        return self.collector.get(self.names.decisions)
+
+    def merges(self) -> list[dict[str, Any]]:
+        return self.collector.get(self.names.merges)
+
+    def rejects(self) -> list[dict[str, Any]]:
+        return self.collector.get(self.names.rejects)
+
+    def decided(self) -> set[str]:
+        return {d["page_id"] for d in self.decisions()}
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {w.log.name}\n{w.tail()}" for w in self.workers)
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.stop()
+        self.collector.close()

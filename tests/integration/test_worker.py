@@ -1,0 +1,182 @@
+"""The worker against a real broker: equivalence with ``neardup dedup``, a SIGKILL and a
+restart, a rebalance, dead letters and the HTTP endpoint.
+
+Every test has topics and an app id of its own, and waits on conditions with deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.helpers import (
+    Deployment,
+    Reference,
+    fold,
+    reference,
+    stable,
+    stream,
+    wait_for,
+)
+from worker.contract import validate
+
+pytestmark = pytest.mark.integration
+
+#: Seconds a run may take before a test gives up (this 2-core machine decides the
+#: whole stream in well under a minute).
+DEADLINE = 240.0
+
+
+@pytest.fixture
+def deploy(kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    made: list[Deployment] = []
+
+    def make(partitions: int, topology: str = "routed") -> Deployment:
+        d = Deployment(kafka_bootstrap, tmp_path / f"d{len(made)}", partitions, topology)
+        made.append(d)
+        return d
+
+    yield make
+    failed = getattr(request.node, "rep_call", None)
+    for d in made:
+        if failed is not None and failed.failed:
+            print(d.logs())
+        d.close()
+
+
+def _check_against(ref: Reference, d: Deployment) -> None:
+    """Every page decided once (copies identical), the same decisions and final clusters as
+    the sequential engine, and the same dead letters."""
+    by_page: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for dec in d.decisions():
+        by_page[dec["page_id"]].append(dec)
+    conflicting = {p: ds for p, ds in by_page.items() if any(x != ds[0] for x in ds)}
+    assert not conflicting, f"conflicting decisions: {conflicting}"
+    got = {stable(ds[0]) for ds in by_page.values()}
+    want = {stable(x) for x in ref.decisions}
+    assert got == want, f"{len(got - want)} decisions differ, {len(want - got)} missing"
+    assert fold([ds[0] for ds in by_page.values()], d.merges()) == ref.clusters
+    assert sorted(r["reason"] for r in d.rejects()) == sorted(r["reason"] for r in ref.rejects)
+
+
+def _all_out(ref: Reference, d: Deployment) -> bool:
+    pages = {x["page_id"] for x in ref.decisions}
+    return d.decided() >= pages and len(d.rejects()) >= len(ref.rejects)
+
+
+@pytest.mark.parametrize("topology", ["routed", "sequential"])
+@pytest.mark.parametrize(("workers", "partitions"), [(1, 1), (3, 6)])
+def test_decisions_and_clusters_equal_neardup_dedup(
+    deploy: Any, tmp_path: Path, workers: int, partitions: int, topology: str
+) -> None:
+    values = stream()
+    ref = reference(values, tmp_path)
+    d = deploy(partitions, topology)
+    d.produce(values)
+    for i in range(workers):
+        d.worker(i).start()
+    d.wait(lambda: _all_out(ref, d), DEADLINE, "every page decided or dead-lettered")
+    _check_against(ref, d)
+
+
+@pytest.mark.parametrize("topology", ["routed", "sequential"])
+def test_sigkill_mid_stream_then_restart_loses_nothing_and_decides_nothing_twice(
+    deploy: Any, tmp_path: Path, topology: str
+) -> None:
+    values = stream(range(1, 11))
+    ref = reference(values, tmp_path)
+    d = deploy(2, topology)
+    d.produce(values)
+    first = d.worker(0).start()
+    d.wait(lambda: len(d.decided()) >= len(ref.decisions) // 3, DEADLINE, "a third decided")
+    first.kill()
+    before = len(d.decided())
+    assert before < len({x["page_id"] for x in ref.decisions}), "killed too late"
+    again = d.worker(0).start()  # the same state directory, left behind by a killed worker
+    d.wait(lambda: _all_out(ref, d), DEADLINE, "every page decided after the restart")
+    _check_against(ref, d)
+    assert "did not stop cleanly" in again.log.read_text(errors="replace")
+
+
+def test_a_second_worker_joining_takes_partitions_and_changes_no_decision(
+    deploy: Any, tmp_path: Path
+) -> None:
+    values = stream(range(1, 9))
+    ref = reference(values, tmp_path)
+    d = deploy(4)
+    d.produce(values)
+    first = d.worker(0)
+    first.env["NEARDUP_STANDBY_REPLICAS"] = "1"  # the state moves to a worker with a replica
+    first.start()
+    d.wait(lambda: len(d.decided()) >= 10, DEADLINE, "the first decisions")
+    second = d.worker(1)
+    second.env["NEARDUP_STANDBY_REPLICAS"] = "1"
+    second.start()
+    d.wait(lambda: _all_out(ref, d), DEADLINE, "every page decided")
+    _check_against(ref, d)
+    wait_for(lambda: second.get("/readyz") == 200, 60, "the second worker ready")
+    assert "neardup_pages_total" in _metrics(second)
+    # the rebalance gave it some of the raw partitions
+    log = second.log.read_text(errors="replace")
+    assigned = log.split("Setting newly assigned partitions")[-1]
+    assert f"| {d.names.raw}" in assigned
+
+
+def _metrics(w: Any) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{w.port}/metrics", timeout=5) as r:
+        return str(r.read().decode())
+
+
+def test_bad_messages_go_to_the_dead_letter_topic_and_the_endpoint_answers(
+    deploy: Any,
+) -> None:
+    pdf = json.dumps(
+        {
+            "url": "https://files.example.cn/report.pdf",
+            "fetched_at": "2026-03-01T08:30:00Z",
+            "content_type": "application/pdf",
+            "body_b64": "JVBERi0xLjQKJcfsj6IKNSAwIG9iago8PC9MZW5ndGggNiAwIFI+PgpzdHJlYW0K",
+        }
+    ).encode()
+    bad_b64 = json.dumps(
+        {
+            "url": "https://bad.example.cn/b64",
+            "fetched_at": "2026-03-01T08:31:00Z",
+            "content_type": "text/html; charset=gbk",
+            "body_b64": "this is not base64!",
+        }
+    ).encode()
+    d = deploy(2)
+    d.produce([b'{"url": "https://broken.example.cn/x", "fetched_at": ', bad_b64, pdf])
+    w = d.worker(0).start()
+    d.wait(lambda: len(d.rejects()) >= 3, DEADLINE, "three dead letters")
+    by_reason = {r["reason"]: r for r in d.rejects()}
+    assert set(by_reason) == {"bad_json", "bad_base64", "not_html"}
+    assert by_reason["bad_json"]["url"] == "https://broken.example.cn/x"
+    assert by_reason["not_html"]["page_id"]
+    for r in d.rejects():
+        assert validate("rejected", r) == []
+    log = w.log.read_text(errors="replace")
+    assert f"topic={d.names.raw} partition=" in log and "offset=" in log
+    assert not d.decisions()
+
+    wait_for(lambda: w.get("/readyz") == 200, 60, "the worker ready")
+    assert w.get("/healthz") == 200
+    assert w.get("/nothing-here") == 404
+    req = urllib.request.Request(f"http://127.0.0.1:{w.port}/healthz", method="POST")
+    try:
+        urllib.request.urlopen(req, timeout=5)
+        status = 200
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    assert status == 405
+    metrics = _metrics(w)
+    assert 'neardup_rejects_total{reason="bad_json"} 1.0' in metrics
+    assert "neardup_stage_latency_seconds_bucket" in metrics

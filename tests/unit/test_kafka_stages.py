@@ -1,0 +1,597 @@
+"""The Kafka worker's plain modules: wire format, sequencing, journal, and the decide stage
+against the sequential engine — all without a broker."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.corpus import line
+from tests.gold import gold_stream
+from worker.config import EngineConfig
+from worker.engine import Analysed, Engine, Stats, analyse
+from worker.fingerprint import Fingerprints
+from worker.index import ENTRY, make_entry
+from worker.kafka import wire
+from worker.kafka.journal import JOURNAL_KEY, JournalKV, decode_ops, encode_ops
+from worker.kafka.sequence import Progress, Sequencer, key_bytes, key_from_bytes
+from worker.kafka.stage import DecideStage, Emit, analyse_message
+from worker.records import RawPage, Reason, Rejected
+from worker.store import MemoryKV
+
+CFG = EngineConfig()
+
+
+class ScanMemoryKV(MemoryKV):
+    """``MemoryKV`` with the prefix scan the worker's stores have."""
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        yield from sorted((k, v) for k, v in self.data.items() if k.startswith(prefix))
+
+
+def _analysed(msg: dict[str, str]) -> Analysed:
+    out = analyse_message(line(msg).encode(), CFG, Stats())
+    assert isinstance(out, Analysed), out
+    return out
+
+
+@pytest.fixture(scope="module")
+def gold() -> list[Analysed]:
+    return [_analysed(m) for m in gold_stream()[0]]
+
+
+# -- wire ----------------------------------------------------------------------------------
+
+
+def test_analysed_round_trips_without_its_body(gold: list[Analysed]) -> None:
+    for a in gold:
+        back = wire.analysed_from_json(json.loads(json.dumps(wire.analysed_to_json(a))))
+        assert back.fps == a.fps
+        assert back.page.body == ""
+        assert (back.pid, back.order, back.host, back.title) == (a.pid, a.order, a.host, a.title)
+        assert back.page.page_id == a.page.page_id and back.page.url == a.page.url
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fp1=st.integers(0, 2**64 - 1),
+    fp2=st.integers(0, 2**64 - 1),
+    strings=st.lists(st.integers(0, 2**64 - 1), max_size=20),
+    sketch=st.binary(max_size=64),
+    order=st.integers(-(2**62), 2**62),
+    page_id=st.text(min_size=1, max_size=40),
+    partition=st.integers(0, 1023),
+    offset=st.integers(0, 2**62),
+)
+def test_sequencer_messages_round_trip(
+    *,
+    fp1: int,
+    fp2: int,
+    strings: list[int],
+    sketch: bytes,
+    order: int,
+    page_id: str,
+    partition: int,
+    offset: int,
+) -> None:
+    page = RawPage(page_id, "https://a.example/x", "2026-03-01T00:00:00Z", "text/html", "")
+    fps = Fingerprints(fp1, fp2, tuple(sorted(set(strings))), 7, 9, sketch)
+    a = Analysed(page, 1, order, "a.example", "标题", 10, fps, "utf-8", "text")
+    msg = wire.PageMsg(partition, offset, 6, a, 1.5)
+    assert wire.decode(wire.encode(msg)) == msg
+    marks = wire.MarksMsg(6, (wire.Mark(partition, offset),))
+    assert wire.decode(wire.encode(marks)) == marks
+
+
+def test_unreadable_sequencer_messages_raise_wire_error() -> None:
+    for raw in (b"{", b"[]", b'{"v": 99}', b'{"v": 1, "t": "page"}', b'{"v": 1, "t": "x"}'):
+        with pytest.raises(wire.WireError):
+            wire.decode(raw)
+
+
+# -- sequencing ----------------------------------------------------------------------------
+
+
+@given(st.lists(st.tuples(st.integers(-(2**62), 2**62), st.text(max_size=8)), max_size=30))
+def test_key_bytes_sort_like_keys(keys: list[tuple[int, str]]) -> None:
+    assert sorted(keys) == [key_from_bytes(b) for b in sorted(key_bytes(k) for k in keys)]
+
+
+def test_a_page_waits_until_every_partition_is_past_it_or_drained() -> None:
+    seq = Sequencer()
+    seq.observe(0, 0, 2, 10)
+    seq.add((10, "a"))
+    assert seq.peek() is None  # partition 1 unheard of
+    seq.observe(1, 0, 2, 10)
+    seq.add((10, "b"))
+    assert seq.peek() is None  # a tie: either partition may still send order 10
+    seq.on_marks(2, [wire.Mark(1, 1)])  # partition 1 drained through offset 0
+    assert seq.peek() is None  # partition 0 may still send order 10
+    seq.observe(0, 1, 2, 11)
+    seq.add((11, "c"))
+    assert list(seq.release()) == [(10, "a"), (10, "b")]
+    assert seq.blocking() == [0]  # (11, "c") waits for partition 0 (its own)
+    seq.on_marks(2, [wire.Mark(0, 2)])
+    assert list(seq.release()) == [(11, "c")]
+
+
+def test_a_stale_mark_does_not_drain_a_partition_with_newer_pages() -> None:
+    seq = Sequencer()
+    seq.observe(0, 5, 1, 10)
+    seq.on_marks(1, [wire.Mark(0, 5)])  # made before the page at offset 5 was read
+    assert not seq.progress[0].drained
+    seq.on_marks(1, [wire.Mark(0, 6)])
+    assert seq.progress[0].drained
+
+
+def test_redelivered_pages_move_nothing_and_late_pages_are_counted() -> None:
+    seq = Sequencer()
+    assert seq.observe(0, 3, 1, 30)
+    assert not seq.observe(0, 2, 1, 20)  # a redelivery
+    assert seq.add((30, "x")) and not seq.add((30, "x"))
+    seq.on_marks(1, [wire.Mark(0, 4)])
+    assert list(seq.release()) == [(30, "x")]
+    seq.observe(0, 4, 1, 5)  # fetched before a page already released
+    seq.add((5, "late"))
+    assert list(seq.release()) == [(5, "late")]
+    assert seq.late == 1 and seq.released == (30, "x")
+
+
+def test_progress_round_trips() -> None:
+    for p in (Progress(), Progress(3, 17, 4), Progress(-1, None, 0)):
+        assert Progress.from_bytes(p.to_bytes()) == p
+
+
+# -- journal -------------------------------------------------------------------------------
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0, 1, 2]), st.binary(min_size=1, max_size=9), st.binary()),
+        max_size=20,
+    ),
+    st.integers(0, 2**64 - 1),
+)
+def test_journal_ops_round_trip(raw_ops: list[tuple[int, bytes, bytes]], tag: int) -> None:
+    ops = [(kind, k, v if kind == 0 else None) for kind, k, v in raw_ops]
+    assert decode_ops(encode_ops(tag, ops)) == (tag, ops)
+
+
+def test_journal_writes_the_page_record_last_and_redoes_a_cut_page() -> None:
+    inner = ScanMemoryKV()
+    inner.put_many([(b"Told1", b"1"), (b"Told2", b"2")])
+    kv = JournalKV(inner)
+    kv.put_many([(b"M\x01", b"record"), (b"P\x01", b"bucket")])
+    kv.delete_prefix(b"Told")
+
+    written: list[bytes] = []
+
+    class Recording(ScanMemoryKV):
+        def put_many(self, items: Any) -> None:
+            items = list(items)
+            written.extend(k for k, _ in items)
+            super().put_many(items)
+
+    recording = Recording()
+    recording.data = inner.data
+    kv.inner = recording
+    kv.apply(7)
+    assert written == [JOURNAL_KEY, b"P\x01", b"M\x01"]
+    assert b"Told1" not in inner.data and inner.data[b"M\x01"] == b"record"
+
+    # a crash after the journal: the step's writes are made again from it
+    cut = ScanMemoryKV()
+    cut.put_many([(JOURNAL_KEY, inner.data[JOURNAL_KEY]), (b"Told1", b"1")])
+    assert JournalKV(cut).redo_last()
+    assert cut.data[b"M\x01"] == b"record" and b"Told1" not in cut.data
+    assert not JournalKV(ScanMemoryKV()).redo_last()
+
+
+# -- the decide stage against the engine ---------------------------------------------------
+
+
+def _run_stage(
+    pages: list[Analysed], partitions: int, rng: random.Random
+) -> tuple[list[Emit], DecideStage]:
+    """Pages spread over partitions (each partition in stream order), delivered to the
+    stage interleaved at random, with marks when a partition has nothing left."""
+    queues: list[list[tuple[int, Analysed]]] = [[] for _ in range(partitions)]
+    for a in pages:
+        queues[rng.randrange(partitions)].append((0, a))
+    for q in queues:
+        for i, (_, a) in enumerate(q):
+            q[i] = (i, a)
+    stage = DecideStage(ScanMemoryKV(), CFG)
+    out: list[Emit] = []
+    while any(queues):
+        p = rng.choice([i for i, q in enumerate(queues) if q])
+        offset, a = queues[p].pop(0)
+        out += stage.accept(wire.PageMsg(p, offset, partitions, a))
+        out += stage.release(rng.randint(1, 5))
+        if rng.random() < 0.3:
+            drained = [wire.Mark(i, len(pages)) for i, q in enumerate(queues) if not q]
+            out += stage.accept(wire.MarksMsg(partitions, tuple(drained)))
+    out += stage.accept(
+        wire.MarksMsg(partitions, tuple(wire.Mark(i, len(pages)) for i in range(partitions)))
+    )
+    while stage.sequencer.peek() is not None:
+        out += stage.release(3)
+    return out, stage
+
+
+def _engine(pages: list[Analysed]) -> tuple[list[dict[str, Any]], Engine]:
+    eng = Engine(MemoryKV(), CFG)
+    decisions = []
+    for a in sorted(pages, key=lambda a: (a.order, a.page.page_id)):
+        out = eng.decide_analysed(a)
+        eng.kv.commit()
+        decisions.append(out.decision)
+    return decisions, eng
+
+
+def _stable(d: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in d.items() if k != "decided_at"}, sort_keys=True)
+
+
+@settings(max_examples=12, deadline=None)
+@given(partitions=st.integers(1, 6), seed=st.integers(0, 10_000))
+def test_any_partitioning_and_interleaving_decides_like_the_engine(
+    gold: list[Analysed], partitions: int, seed: int
+) -> None:
+    emits, stage = _run_stage(gold, partitions, random.Random(seed))
+    decisions = [json.loads(e.value) for e in emits if e.topic == "decisions"]
+    want, eng = _engine(gold)
+    assert [_stable(d) for d in decisions] == [_stable(d) for d in want]
+    merges = [json.loads(e.value) for e in emits if e.topic == "merges"]
+    assert all(m["from_cluster"] != m["into_cluster"] for m in merges)
+    for a in gold:
+        assert stage.engine.cluster_of(a.page.page_id) == eng.cluster_of(a.page.page_id)
+    assert len(stage.sequencer) == 0 and stage.sequencer.late == 0
+
+
+def test_a_page_seen_again_gets_exactly_its_first_answer(gold: list[Analysed]) -> None:
+    emits, stage = _run_stage(gold, 3, random.Random(1))
+    first = {json.loads(e.value)["page_id"]: e.value for e in emits if e.topic == "decisions"}
+    again = []
+    for i, a in enumerate(gold):
+        again += stage.accept(wire.PageMsg(0, 10_000 + i, 3, a))
+    assert len(again) >= len(gold)
+    for e in again:
+        if e.topic == "decisions":
+            assert e.value == first[json.loads(e.value)["page_id"]]  # byte for byte
+    assert stage.counts.repeated == len(gold)
+
+
+def test_state_survives_a_reload(gold: list[Analysed]) -> None:
+    half = len(gold) // 2
+    stage = DecideStage(ScanMemoryKV(), CFG)
+    for i, a in enumerate(gold[:half]):
+        stage.accept(wire.PageMsg(0, i, 2, a))
+    pending = len(stage.sequencer)
+    assert pending == half  # partition 1 unheard of: nothing may go
+    stage.unload()
+    stage.load()
+    assert len(stage.sequencer) == pending
+    assert stage.sequencer.progress[0].last_page == half - 1
+
+
+def test_analyse_message_rejects_without_raising() -> None:
+    stats = Stats()
+    for raw, reason in (
+        (None, Reason.BAD_JSON),
+        (b"{", Reason.BAD_JSON),
+        (b'{"url": "u"}', Reason.SCHEMA),
+        (
+            b'{"url": "https://a/x", "fetched_at": "2026-03-01T00:00:00Z", '
+            b'"content_type": "text/html", "body_b64": "@@@"}',
+            Reason.BAD_BASE64,
+        ),
+    ):
+        out = analyse_message(raw, CFG, stats)
+        assert isinstance(out, Rejected) and out.reason is reason
+    assert stats.pages == 4 and sum(stats.rejects.values()) == 4
+
+
+def test_analyse_is_the_engines_analyse(gold: list[Analysed]) -> None:
+    msg = gold_stream()[0][0]
+    from worker.contract import parse_raw
+
+    page = parse_raw(line(msg), CFG.max_bytes)
+    assert not isinstance(page, Rejected)
+    assert analyse(page, CFG) == gold[0]
+
+
+# -- the routed topology, simulated ----------------------------------------------------------
+
+
+class RoutedSim:
+    """The routed topology without Kafka: one FIFO queue per partition (the sequencer's,
+    each probes and each records partition), delivered in a random interleaving."""
+
+    def __init__(
+        self,
+        partitions: int,
+        rng: random.Random,
+        max_in_flight: int = 1000,
+        kv: ScanMemoryKV | None = None,
+    ) -> None:
+        from worker.kafka.route import RoutedStage
+
+        self.rng = rng
+        self.partitions = partitions
+        self.kv = kv or ScanMemoryKV()
+        self.stage = RoutedStage(self.kv, CFG, partitions)
+        self.stage.MAX_IN_FLIGHT = max_in_flight
+        # the probes and records partitions' tables: kept when the sequencer crashes
+        self.buckets = [ScanMemoryKV() for _ in range(partitions)]
+        self.records = [ScanMemoryKV() for _ in range(partitions)]
+        #: Probes and records delivered, with the sequencer's write count when they were sent.
+        self.delivered: list[tuple[int, str, int, bytes]] = []
+        self.queues: dict[tuple[str, int], list[bytes]] = {}
+        self.out: list[Emit] = []
+        #: Each published message with the store's write count at the flush before it.
+        self.published: list[tuple[int, Emit]] = []
+
+    def carry(self, other: RoutedSim, written: int) -> None:
+        """Take over the probes and records tables of ``other`` as they were after the
+        messages it sent by the time ``written`` writes were durable (it sent nothing
+        before flushing the writes of the step that made it)."""
+        for at, topic, p, raw in other.delivered:
+            if at <= written:
+                self._deliver(topic, p, raw)
+
+    def _emit(self, emits: list[Emit]) -> None:
+        written = len(self.kv.log) if isinstance(self.kv, LoggedKV) else 0
+        for e in emits:
+            if e.topic in ("probes", "records"):
+                assert e.partition is not None
+                self.queues.setdefault((e.topic, e.partition), []).append(
+                    written.to_bytes(8, "big") + e.value
+                )
+            else:
+                self.out.append(e)
+                self.published.append((written, e))
+
+    def sequencer(self, msg: wire.SequenceMsg) -> None:
+        self._emit(self.stage.accept(msg))
+        while True:
+            emits = self.stage.release(self.rng.randint(1, 4))
+            self._emit(emits)
+            if not emits and not self.stage.busy():
+                break
+
+    def step(self) -> bool:
+        """Deliver one message from a random non-empty queue; False if all are empty."""
+        ready = [q for q, msgs in self.queues.items() if msgs]
+        if not ready:
+            return False
+        topic, p = self.rng.choice(ready)
+        raw = self.queues[(topic, p)].pop(0)
+        if topic == "sequencer":
+            self.sequencer(wire.decode(raw))
+            return True
+        at, raw = int.from_bytes(raw[:8], "big"), raw[8:]
+        self.delivered.append((at, topic, p, raw))
+        reply = self._deliver(topic, p, raw)
+        if reply is not None:
+            self.queues.setdefault(("sequencer", 0), []).append(wire.encode(reply))
+        return True
+
+    def _deliver(self, topic: str, p: int, raw: bytes) -> wire.SequenceMsg | None:
+        from worker.kafka.route import probe_store, records_store
+
+        msg = wire.decode_route(raw)
+        if isinstance(msg, wire.ProbeMsg):
+            return probe_store(self.stage.index, self.buckets[p], msg)
+        return records_store(self.records[p], msg)
+
+    def run(
+        self, pages: list[Analysed], inputs: list[wire.SequenceMsg] | None = None
+    ) -> list[Emit]:
+        """Deliver the pages (or ``inputs``) and everything they cause."""
+        msgs = inputs if inputs is not None else _inputs(pages, self.partitions, self.rng)
+        self.queues.setdefault(("sequencer", 0), []).extend(wire.encode(m) for m in msgs)
+        while self.step():
+            pass
+        return self.out
+
+
+@settings(max_examples=10, deadline=None)
+@given(partitions=st.integers(1, 5), seed=st.integers(0, 10_000))
+def test_routed_topology_decides_like_the_engine(
+    gold: list[Analysed], partitions: int, seed: int
+) -> None:
+    rng = random.Random(seed)
+    sim = RoutedSim(partitions, rng, max_in_flight=rng.choice([1, 3, 1000]))
+    emits = sim.run(gold)
+    decisions = [json.loads(e.value) for e in emits if e.topic == "decisions"]
+    want, eng = _engine(gold)
+    assert [_stable(d) for d in decisions] == [_stable(d) for d in want]
+    for a in gold:
+        assert sim.stage.engine.cluster_of(a.page.page_id) == eng.cluster_of(a.page.page_id)
+    assert not sim.stage.flights
+
+
+def test_a_probe_sent_again_answers_the_same_and_adds_once(gold: list[Analysed]) -> None:
+    from worker.kafka.route import probe_bucket
+
+    index = DecideStage(ScanMemoryKV(), CFG).engine.index
+    entries, seqs = None, None
+    msgs = [
+        wire.ProbeMsg(i, a.pid, True, np.asarray(make_entry(a.pid, a.fps, a.order)).tobytes(), ())
+        for i, a in enumerate(gold[:5])
+    ]
+    answers = []
+    for m in msgs:
+        answer, new = probe_bucket(index, entries, seqs, m)
+        answers.append(answer)
+        assert new is not None
+        entries, seqs = new
+    for m, first in zip(msgs, answers, strict=True):
+        again, new = probe_bucket(index, entries, seqs, m)
+        assert again == first and new is None
+    assert answers[0] is None and len(np.frombuffer(entries or b"", dtype=ENTRY)) == 5
+
+
+# -- crashes: the store keeps a prefix of its writes, the input is delivered again ---------
+
+
+class LoggedKV(ScanMemoryKV):
+    """A store that remembers every write, in order, so that a crash can be played back
+    as the prefix of its writes that reached the changelog."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, bytes, bytes | None]] = []
+
+    def put_many(self, items: Any) -> None:
+        items = list(items)
+        self.log += [("put", k, v) for k, v in items]
+        super().put_many(items)
+
+    def delete_many(self, keys: Any) -> None:
+        keys = list(keys)
+        self.log += [("del", k, None) for k in keys]
+        super().delete_many(keys)
+
+    def delete_prefix(self, prefix: bytes) -> None:
+        self.delete_many([k for k in self.data if k.startswith(prefix)])
+
+    def prefix(self, n: int) -> ScanMemoryKV:
+        kv = ScanMemoryKV()
+        for op, k, v in self.log[:n]:
+            if op == "put":
+                assert v is not None
+                kv.data[k] = v
+            else:
+                kv.data.pop(k, None)
+        return kv
+
+
+def _timeless(kv: ScanMemoryKV) -> dict[bytes, Any]:
+    """The store without its journal, and without the times in page records and merges."""
+    out: dict[bytes, Any] = {}
+    for k, v in kv.data.items():
+        if k == JOURNAL_KEY:
+            continue
+        if k.startswith((b"M", b"\x01G")):
+            obj = json.loads(v)
+            for item in obj if isinstance(obj, list) else [obj.get("decision", {})]:
+                item.pop("decided_at", None)
+                item.pop("at", None)
+            out[k] = obj
+        else:
+            out[k] = v
+    return out
+
+
+def _inputs(pages: list[Analysed], partitions: int, rng: random.Random) -> list[wire.SequenceMsg]:
+    queues: list[list[Analysed]] = [[] for _ in range(partitions)]
+    for a in pages:
+        queues[rng.randrange(partitions)].append(a)
+    offsets = [0] * partitions
+    msgs: list[wire.SequenceMsg] = []
+    while any(offsets[p] < len(q) for p, q in enumerate(queues)):
+        p = rng.choice([p for p, q in enumerate(queues) if offsets[p] < len(q)])
+        msgs.append(wire.PageMsg(p, offsets[p], partitions, queues[p][offsets[p]]))
+        offsets[p] += 1
+        if rng.random() < 0.2:
+            done = [wire.Mark(i, len(q)) for i, q in enumerate(queues) if offsets[i] == len(q)]
+            msgs.append(wire.MarksMsg(partitions, tuple(done)))
+    msgs.append(
+        wire.MarksMsg(partitions, tuple(wire.Mark(p, len(q)) for p, q in enumerate(queues)))
+    )
+    return msgs
+
+
+def _feed(
+    stage: DecideStage, kv: LoggedKV | None, msgs: list[wire.SequenceMsg]
+) -> list[tuple[int, Emit]]:
+    """Each message's answers with the store's write count at the flush before them."""
+    out: list[tuple[int, Emit]] = []
+    for msg in msgs:
+        emits = stage.accept(msg)
+        while True:
+            emits += stage.release(2)
+            if emits:
+                out += [(len(kv.log) if kv else 0, e) for e in emits]
+                emits = []
+            if not stage.busy():
+                break
+    return out
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), cut=st.floats(0, 1))
+def test_a_crash_anywhere_then_redelivery_gives_the_engines_decisions_and_no_conflict(
+    gold: list[Analysed], seed: int, cut: float
+) -> None:
+    rng = random.Random(seed)
+    msgs = _inputs(gold, rng.randint(1, 4), rng)
+    kv = LoggedKV()
+    published = _feed(DecideStage(kv, CFG), kv, msgs)
+    n = int(cut * len(kv.log))
+    before = {
+        json.loads(e.value)["page_id"]: e.value
+        for at, e in published
+        if at <= n and e.topic == "decisions"
+    }
+    # a new worker on what reached the changelog; the input delivered again from the start
+    restarted = kv.prefix(n)
+    again = _feed(DecideStage(restarted, CFG), None, msgs)
+    # the state ends as if nothing had happened (the journal and the clock aside)
+    assert _timeless(restarted) == _timeless(kv)
+    after: dict[str, bytes] = {}
+    for _, e in again:
+        if e.topic == "decisions":
+            page_id = json.loads(e.value)["page_id"]
+            assert after.setdefault(page_id, e.value) == e.value, "two different decisions"
+    for page_id, value in before.items():
+        assert after[page_id] == value, "the decision changed after the crash"
+    want, _ = _engine(gold)
+    assert sorted(_stable(json.loads(v)) for v in after.values()) == sorted(
+        _stable(d) for d in want
+    )
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), cut=st.floats(0, 1))
+def test_routed_a_sequencer_crash_anywhere_gives_the_engines_decisions_and_no_conflict(
+    gold: list[Analysed], seed: int, cut: float
+) -> None:
+    rng = random.Random(seed)
+    partitions = rng.randint(1, 4)
+    inputs = _inputs(gold, partitions, rng)
+    kv = LoggedKV()
+    first = RoutedSim(partitions, rng, rng.choice([2, 1000]), kv)
+    first.run(gold, inputs)
+    n = int(cut * len(kv.log))
+    before = {
+        json.loads(e.value)["page_id"]: e.value
+        for at, e in first.published
+        if at <= n and e.topic == "decisions"
+    }
+    # what was on its way is lost; the probes and records partitions keep their tables
+    restarted = kv.prefix(n)
+    second = RoutedSim(partitions, rng, rng.choice([2, 1000]), restarted)
+    second.carry(first, n)
+    second.run(gold, inputs)
+    after: dict[str, bytes] = {}
+    for e in second.out:
+        if e.topic == "decisions":
+            page_id = json.loads(e.value)["page_id"]
+            assert after.setdefault(page_id, e.value) == e.value, "two different decisions"
+    for page_id, value in before.items():
+        assert after[page_id] == value, "the decision changed after the crash"
+    want, _ = _engine(gold)
+    assert sorted(_stable(json.loads(v)) for v in after.values()) == sorted(
+        _stable(d) for d in want
+    )
+    assert _timeless(restarted) == _timeless(kv)

@@ -1,0 +1,76 @@
+"""``python -m worker.kafka worker -l info``: run one worker, configured from NEARDUP_*.
+
+Before Faust starts, the worker's topics are created if missing, and the local table state
+is checked: a worker killed without shutting down (SIGKILL, OOM) may have written to its
+RocksDB what never reached the changelog, so its local tables are discarded and restored
+from the changelog, which is the state every other worker would see.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from worker.kafka.topics import ensure_topics_sync
+from worker.settings import Settings
+
+log = logging.getLogger("worker.kafka")
+
+RUNNING_MARKER = "neardup-worker.running"
+
+
+def prepare_state(state_dir: str, tabledir: str) -> bool:
+    """Mark the state directory as in use; returns True if the previous run did not stop
+    cleanly (its local tables are then removed)."""
+    os.makedirs(state_dir, exist_ok=True)
+    marker = Path(state_dir) / RUNNING_MARKER
+    unclean = marker.exists()
+    if unclean and os.path.isdir(tabledir):
+        log.warning(
+            "the previous worker on %s did not stop cleanly: discarding its local tables "
+            "(%s); they are restored from the changelog topics",
+            state_dir,
+            tabledir,
+        )
+        shutil.rmtree(tabledir)
+    marker.write_text(f"{os.getpid()}\n")
+    return unclean
+
+
+def release_state(state_dir: str) -> None:
+    (Path(state_dir) / RUNNING_MARKER).unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    settings = Settings()
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from worker.kafka.app import Worker
+
+    worker = Worker(settings)
+    if argv[:1] == ["worker"]:
+        ensure_topics_sync(settings)
+        prepare_state(settings.state_dir, str(worker.app.conf.tabledir))
+        if not {"--with-web", "--without-web"} & set(argv):
+            # Faust's own web server would bind 0.0.0.0:6066; ours is worker.kafka.http
+            argv = [*argv, "--without-web"]
+        sys.argv = [sys.argv[0], *argv]
+        try:
+            worker.main()
+        finally:
+            # reached on a clean stop (SIGTERM, SIGINT) and on a crash Faust shut down
+            # from, after it flushed the producer; never after SIGKILL
+            release_state(settings.state_dir)
+        return 0
+    sys.argv = [sys.argv[0], *argv]
+    worker.main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

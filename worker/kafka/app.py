@@ -1,0 +1,373 @@
+"""The Faust application: topics, tables, agents and a timer. They only move records; the
+stages they call are in ``worker.kafka.stage`` and ``worker.kafka.route`` (and, through
+them, ``worker.engine``). ``NEARDUP_TOPOLOGY`` chooses between two layouts of the state:
+
+``routed`` (the default): the index partitioned by bucket ::
+
+    raw-pages (N, key url)
+      │ analyse ×N: parse_raw → engine.analyse (pure)     ───rejected──▶ rejected-pages
+      ▼
+    <app>-sequencer (1)  ◀── marks (timer): raw partition p drained up to offset X
+      │ sequence ×1: order (fetched_at, page_id) → template filter → seq no.
+      │   ▲ answers, sketches              table "state" (1): pending pages, progress,
+      │   │                                  template counts, pages in flight, clusters
+      ├──▶ <app>-probes (N, key bucket) ── probe ×N: read bucket, add entry; table "buckets"
+      ├──▶ <app>-records (N, key pid) ──── records ×N: keep, send sketches; table "sketches"
+      │ decide in seq order: Engine.decide over the answers, union-find clusters
+      ├──▶ decisions (N, key page_id)
+      ├──▶ cluster-merges (N, key from_cluster)
+      └──▶ rejected-pages (internal errors)
+
+``sequential``: the same, with the whole index in the table "state" and no probes.
+
+Delivery is at least once; outputs are idempotent: a page is decided once, its decision
+and merges are stored with the state before they are published, and a page seen again is
+answered with exactly what was published for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import faust
+
+from worker.engine import Stats
+from worker.kafka import wire
+from worker.kafka.http import serve
+from worker.kafka.metrics import Metrics
+from worker.kafka.route import ProbeCounts, RoutedStage, index_for, probe_store, records_store
+from worker.kafka.security import faust_credentials
+from worker.kafka.stage import DecideStage, Emit, analyse_message, drained
+from worker.kafka.tablekv import Changelog, TableKV, event_context
+from worker.kafka.topics import (
+    BUCKETS_TABLE,
+    SKETCHES_TABLE,
+    STATE_MAX_MESSAGE_BYTES,
+    STATE_TABLE,
+    TopicNames,
+)
+from worker.records import Rejected
+from worker.settings import Settings
+
+log = logging.getLogger("worker.kafka")
+
+#: Pages taken in one go by the sequencer between two flushes of the changelog.
+RELEASE_BATCH = 200
+#: Events an agent takes at most in one batch, and how long it waits to fill one. A batch
+#: costs one flush of the changelog before its outputs go out (a broker round trip).
+EVENT_BATCH = 500
+EVENT_WAIT_S = 0.01
+
+Send = Callable[[Any, bytes | None, bytes, int | None], Awaitable[Any]]
+
+
+def _raw_schema() -> faust.Schema[bytes, bytes]:
+    return faust.Schema(
+        key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+    )
+
+
+def _json(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class Worker:
+    """One worker process: the Faust app and the stages its agents call."""
+
+    def __init__(
+        self, settings: Settings, *, store: str = "rocksdb://", serve_http: bool = True
+    ) -> None:
+        if settings.processing_guarantee == "exactly_once":
+            raise SystemExit(
+                "neardup worker: NEARDUP_PROCESSING_GUARANTEE=exactly_once is not supported. "
+                "Faust's transactions pick the producer by the output partition, so they "
+                "cannot cover the sequencer topic or the outputs, which are not co-partitioned "
+                "with the raw topic. Use at_least_once: the worker's outputs are idempotent "
+                "(one decision per page; a redelivered page gets the same decision again)."
+            )
+        self.settings = settings
+        self.cfg = settings.engine_config()
+        self.names = TopicNames.of(settings)
+        self.routed = settings.topology == "routed"
+        self.app = app = faust.App(
+            settings.app_id,
+            broker=[f"kafka://{h}" for h in settings.brokers.split(",")],
+            broker_credentials=faust_credentials(settings),
+            store=store,
+            datadir=settings.state_dir,
+            processing_guarantee="at_least_once",
+            topic_partitions=settings.partitions,
+            topic_replication_factor=settings.replication,
+            table_standby_replicas=settings.standby_replicas,
+            broker_commit_interval=settings.commit_interval_ms / 1000,
+            broker_session_timeout=settings.session_timeout_ms / 1000,
+            broker_heartbeat_interval=settings.session_timeout_ms / 1000 / 5,
+            consumer_auto_offset_reset="earliest",
+            producer_max_request_size=STATE_MAX_MESSAGE_BYTES,
+            web_enabled=False,
+            autodiscover=False,
+            stream_wait_empty=False,
+        )
+        # one schema object each: Faust updates a schema in place from what uses it
+        self.raw = app.topic(self.names.raw, schema=_raw_schema())
+        self.sequence = app.topic(
+            self.names.sequence, schema=_raw_schema(), partitions=1, internal=True
+        )
+        self.decisions = app.topic(self.names.decisions, schema=_raw_schema())
+        self.merges = app.topic(self.names.merges, schema=_raw_schema())
+        self.rejects = app.topic(self.names.rejects, schema=_raw_schema())
+        self.changelog = Changelog(app)
+        self.state_table = self._table(STATE_TABLE, 1)
+        kv = TableKV(self.state_table, self.changelog)
+        self.stage = (
+            RoutedStage(kv, self.cfg, settings.partitions)
+            if self.routed
+            else DecideStage(kv, self.cfg)
+        )
+        self.analyse_stats = Stats()
+        self.probe_counts = ProbeCounts()
+        self.metrics = Metrics(self)
+        self.stage.observe = self.metrics.observe_decide
+        self.send: Send = self._send
+        self.flush: Callable[[], Awaitable[None]] = self._flush
+        self.ready = False
+
+        async def analyse_agent(stream: Any) -> None:
+            async for event in stream.events():
+                await self.on_raw(event)
+
+        async def sequence_agent(stream: Any) -> None:
+            async for events in stream.take_events(EVENT_BATCH, within=EVENT_WAIT_S):
+                await self.on_sequence(events)
+
+        async def marks_timer() -> None:
+            await self.send_marks()
+
+        async def http_task() -> None:
+            await serve(settings.http_host, settings.http_port, self.metrics.render, self.is_ready)
+
+        async def before_shutdown(sender: Any, *args: Any, **kwargs: Any) -> None:
+            self.ready = False
+
+        self.analyse_agent = self._agent(self.raw, "neardup.analyse", analyse_agent)
+        self.sequence_agent = self._agent(self.sequence, "neardup.sequence", sequence_agent)
+        if self.routed:
+            self._routing_agents()
+        app.timer(settings.mark_interval_ms / 1000, name="neardup.marks")(marks_timer)
+        # (cast: mode types a receiver with a keyword-only ``signal`` parameter)
+        cast(Any, app.on_partitions_revoked).connect(self._on_revoked)
+        cast(Any, app.on_rebalance_complete).connect(self._on_rebalance_complete)
+        cast(Any, app.on_before_shutdown).connect(before_shutdown)
+        if serve_http:
+            app.task(http_task)
+
+    def _table(self, name: str, partitions: int) -> Any:
+        return self.app.Table(
+            name,
+            schema=_raw_schema(),
+            key_type=bytes,
+            value_type=bytes,
+            partitions=partitions,
+            extra_topic_configs={"max.message.bytes": str(STATE_MAX_MESSAGE_BYTES)},
+        )
+
+    def _routing_agents(self) -> None:
+        app, n = self.app, self.settings.partitions
+        self.probes = app.topic(
+            self.names.probes, schema=_raw_schema(), partitions=n, internal=True
+        )
+        self.records = app.topic(
+            self.names.records, schema=_raw_schema(), partitions=n, internal=True
+        )
+        self.buckets_table = self._table(BUCKETS_TABLE, n)
+        self.sketches_table = self._table(SKETCHES_TABLE, n)
+        self.index = index_for(self.cfg)
+
+        async def probe_agent(stream: Any) -> None:
+            async for events in stream.take_events(EVENT_BATCH, within=EVENT_WAIT_S):
+                await self.on_route(events, self.buckets_table)
+
+        async def records_agent(stream: Any) -> None:
+            async for events in stream.take_events(EVENT_BATCH, within=EVENT_WAIT_S):
+                await self.on_route(events, self.sketches_table)
+
+        self.probe_agent = self._agent(self.probes, "neardup.probe", probe_agent)
+        self.records_agent = self._agent(self.records, "neardup.records", records_agent)
+
+    def _agent(self, topic: Any, name: str, fun: Callable[[Any], Awaitable[None]]) -> Any:
+        # An exception out of an agent is a bug: the worker stops (and is restarted, and
+        # replays what it had not committed) rather than go on past a half-done step.
+        from mode import CrashingSupervisor
+
+        return self.app.agent(topic, name=name, supervisor_strategy=CrashingSupervisor)(fun)
+
+    # -- agents ----------------------------------------------------------------------
+
+    async def on_raw(self, event: Any) -> None:
+        """One raw page: analyse it, forward it to the sequencer or dead-letter it."""
+        msg = event.message
+        t0 = time.perf_counter()
+        sandbox = self.stage.engine.sandbox
+        result = analyse_message(event.value, self.cfg, self.analyse_stats, sandbox)
+        self.metrics.observe_analyse(time.perf_counter() - t0)
+        if isinstance(result, Rejected):
+            log.info(
+                "page rejected topic=%s partition=%s offset=%s reason=%s page_id=%s url=%s: %s",
+                msg.topic,
+                msg.partition,
+                msg.offset,
+                result.reason,
+                result.page_id,
+                result.url,
+                result.detail,
+            )
+            key = result.page_id.encode() if result.page_id else None
+            await self.send(self.rejects, key, _json(result.to_json()), None)
+            return
+        ts = float(msg.timestamp or 0.0)
+        page = wire.PageMsg(msg.partition, msg.offset, self.raw_partitions(), result, ts)
+        await self.send(self.sequence, result.page.page_id.encode(), wire.encode(page), None)
+
+    async def on_sequence(self, events: list[Any]) -> None:
+        """A batch of sequencer messages: release what they allow; publish once the state
+        they changed is stored (one flush for the batch)."""
+        emits: list[Emit] = []
+        for event in events:
+            msg = event.message
+            try:
+                decoded = wire.decode(event.value)
+            except wire.WireError as exc:
+                log.error(
+                    "undecodable sequencer message topic=%s partition=%s offset=%s: %s",
+                    msg.topic,
+                    msg.partition,
+                    msg.offset,
+                    exc,
+                )
+                continue
+            try:
+                with event_context(event):
+                    emits += self.stage.accept(decoded)
+                    emits += self.stage.release(RELEASE_BATCH)
+                    while self.stage.busy():
+                        if len(emits) > RELEASE_BATCH:
+                            await self._flush_publish(emits)
+                            emits = []
+                        emits += self.stage.release(RELEASE_BATCH)
+            except Exception:
+                log.exception(
+                    "sequencer failed topic=%s partition=%s offset=%s",
+                    msg.topic,
+                    msg.partition,
+                    msg.offset,
+                )
+                raise
+        if emits:
+            await self._flush_publish(emits)
+        else:
+            await self.flush_changelog(wait=False)
+
+    async def _flush_publish(self, emits: list[Emit]) -> None:
+        # the state first: a published decision is always one the state remembers
+        await self.flush()
+        await self.publish(emits)
+
+    async def on_route(self, events: list[Any], table: Any) -> None:
+        """Probes, sketches to keep and verifications, against each event's partition of
+        ``table``; the answers go to the sequencer."""
+        kv = TableKV(table, self.changelog)
+        replies: list[wire.SequenceMsg] = []
+        for event in events:
+            msg = event.message
+            try:
+                decoded = wire.decode_route(event.value)
+            except wire.WireError as exc:
+                log.error(
+                    "undecodable routing message topic=%s partition=%s offset=%s: %s",
+                    msg.topic,
+                    msg.partition,
+                    msg.offset,
+                    exc,
+                )
+                continue
+            with event_context(event):
+                if isinstance(decoded, wire.ProbeMsg):
+                    replies.append(probe_store(self.index, kv, decoded, self.probe_counts))
+                elif (reply := records_store(kv, decoded)) is not None:
+                    replies.append(reply)
+        # no wait for the broker: a probe delivered again answers the same and adds nothing
+        # twice; but the records go to the producer before the batch's offsets are acked
+        await self.flush_changelog(wait=False)
+        for answer in replies:
+            await self.send(self.sequence, None, wire.encode(answer), None)
+
+    async def publish(self, emits: list[Emit]) -> None:
+        topics = {"decisions": self.decisions, "merges": self.merges, "rejects": self.rejects}
+        if self.routed:
+            topics.update(probes=self.probes, records=self.records)
+        for emit in emits:
+            await self.send(topics[emit.topic], emit.key, emit.value, emit.partition)
+        self.metrics.observe_emits(emits)
+
+    async def send_marks(self) -> None:
+        """Tell the sequencer which of this worker's raw partitions are drained, and up to
+        which offset: those whose committed offset has reached their end offset."""
+        consumer: Any = self.app.consumer
+        tps = sorted(tp for tp in consumer.assignment() if tp.topic == self.names.raw)
+        if not tps:
+            return
+        ends = await consumer.highwaters(*tps)
+        # Faust's own record of the offsets it committed for the partitions it owns; they
+        # are committed only after everything produced before has been flushed.
+        committed = {tp: consumer._committed_offset.get(tp) for tp in tps}
+        unknown = [tp for tp in tps if committed[tp] is None]
+        earliest = await consumer.earliest_offsets(*unknown) if unknown else {}
+        marks, lag = drained(
+            {tp.partition: ends.get(tp) for tp in tps},
+            {tp.partition: committed[tp] for tp in tps},
+            {tp.partition: earliest.get(tp) for tp in tps},
+        )
+        self.metrics.lag.update(lag)
+        if marks:
+            msg = wire.MarksMsg(self.raw_partitions(), tuple(marks))
+            await self.send(self.sequence, None, wire.encode(msg), None)
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def raw_partitions(self) -> int:
+        try:
+            n = self.app.consumer.topic_partitions(self.names.raw)
+        except Exception:  # no consumer (agent tests)
+            n = None
+        return int(n) if n else self.settings.partitions
+
+    async def _send(
+        self, topic: Any, key: bytes | None, value: bytes, partition: int | None
+    ) -> None:
+        await topic.send(key=key, value=value, partition=partition)
+
+    async def _flush(self) -> None:
+        await self.flush_changelog(wait=True)
+
+    async def flush_changelog(self, *, wait: bool) -> None:
+        if self.app.conf.store.scheme == "rocksdb":
+            await self.changelog.flush(wait=wait)
+
+    async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        # partitions move: the sequencer's in-memory state is rebuilt from its table
+        self.ready = False
+        self.stage.unload()
+
+    async def _on_rebalance_complete(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        self.ready = True
+
+    def is_ready(self) -> bool:
+        return self.ready and not self.app.rebalancing
+
+    def main(self) -> None:
+        """Run Faust's command line (``worker -l info``)."""
+        self.app.main()

@@ -1,0 +1,135 @@
+"""One page's state writes as a redo journal, so that a crash never leaves half a page.
+
+The worker's state lives in one table with one changelog partition. Kafka keeps the
+writes of one producer to one partition in order, so after a crash the changelog holds a
+prefix of everything written: every page before the cut entirely, the page at the cut
+partly. Each page's writes are therefore preceded by one journal value holding all of
+them, tagged with the page's pid. The page record, which marks a page as decided, is
+written last. A page found without its record but named by the journal is redone from
+the journal (absolute writes, so redoing is idempotent) instead of being decided again:
+decided again, it would count in its host's template statistics twice.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+
+from worker.kafka.tablekv import ScanKV
+
+JOURNAL_KEY = b"\x00journal"
+#: The engine's page record (``worker.cluster``): written last.
+_RECORD_PREFIX = b"M"
+
+_PUT, _DELETE, _DELETE_PREFIX = 0, 1, 2
+_HEAD = struct.Struct(">Q")
+_OP = struct.Struct(">BI")
+_LEN = struct.Struct(">I")
+
+Op = tuple[int, bytes, bytes | None]
+
+
+def _ordered(ops: list[Op]) -> list[Op]:
+    # the page record last: once it is in the changelog, so is everything else of the page
+    return [op for op in ops if not op[1].startswith(_RECORD_PREFIX) or op[0] != _PUT] + [
+        op for op in ops if op[1].startswith(_RECORD_PREFIX) and op[0] == _PUT
+    ]
+
+
+def encode_ops(tag: int, ops: Sequence[Op]) -> bytes:
+    out = [_HEAD.pack(tag)]
+    for kind, key, value in ops:
+        out.append(_OP.pack(kind, len(key)))
+        out.append(key)
+        if kind == _PUT:
+            assert value is not None
+            out.append(_LEN.pack(len(value)))
+            out.append(value)
+    return b"".join(out)
+
+
+def decode_ops(raw: bytes) -> tuple[int, list[Op]]:
+    (tag,) = _HEAD.unpack_from(raw)
+    pos, ops = _HEAD.size, []
+    while pos < len(raw):
+        kind, klen = _OP.unpack_from(raw, pos)
+        pos += _OP.size
+        key = raw[pos : pos + klen]
+        pos += klen
+        value = None
+        if kind == _PUT:
+            (vlen,) = _LEN.unpack_from(raw, pos)
+            pos += _LEN.size
+            value = raw[pos : pos + vlen]
+            pos += vlen
+        ops.append((kind, key, value))
+    return tag, ops
+
+
+class JournalKV:
+    """Reads go to ``inner``; writes are held until ``apply`` journals and writes them."""
+
+    def __init__(self, inner: ScanKV) -> None:
+        self.inner = inner
+        self._ops: list[Op] = []
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return self.inner.get_many(keys)
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        self._ops.extend((_PUT, k, v) for k, v in items)
+
+    def delete_many(self, keys: Iterable[bytes]) -> None:
+        self._ops.extend((_DELETE, k, None) for k in keys)
+
+    def delete_prefix(self, prefix: bytes) -> None:
+        self._ops.append((_DELETE_PREFIX, prefix, None))
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return self.inner.scan(prefix)
+
+    def close(self) -> None:
+        self._ops.clear()
+        self.inner.close()
+
+    def discard(self) -> None:
+        self._ops.clear()
+
+    def apply(self, tag: int) -> None:
+        """Write the journal, then the held writes (the page record last)."""
+        ops = _ordered(self._ops)
+        self._ops = []
+        if not ops:
+            return
+        self.inner.put_many([(JOURNAL_KEY, encode_ops(tag, ops))])
+        self._write(ops)
+
+    def redo_last(self) -> bool:
+        """Rewrite the last journalled step (at start-up: a crash may have cut it short).
+
+        Every write to the store goes through the journal, so nothing has overwritten
+        the last step's keys since, and its writes, being absolute, can be made again."""
+        (raw,) = self.inner.get_many([JOURNAL_KEY])
+        if raw is None:
+            return False
+        _, ops = decode_ops(raw)
+        self._write(ops)
+        return True
+
+    def _write(self, ops: list[Op]) -> None:
+        inner = self.inner
+        i = 0
+        while i < len(ops):
+            kind = ops[i][0]
+            j = i
+            while j < len(ops) and ops[j][0] == kind:
+                j += 1
+            run = ops[i:j]
+            if kind == _PUT:
+                inner.put_many((k, v) for _, k, v in run if v is not None)
+            elif kind == _DELETE:
+                inner.delete_many(k for _, k, _ in run)
+            else:
+                for _, prefix, _ in run:
+                    inner.delete_prefix(prefix)
+            i = j

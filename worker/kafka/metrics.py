@@ -1,0 +1,169 @@
+"""Prometheus metrics of one worker, in a registry of its own (no process-wide state).
+
+Counters are read from the stages' own counts (``Stats``, ``DecideCounts``) when scraped,
+so nothing is counted twice; latencies are histograms observed by the agents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from worker.kafka.app import Worker
+    from worker.kafka.stage import Emit
+
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _StageCollector:
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        w = self.m.worker
+        a, e, c = w.analyse_stats, w.stage.engine.stats, w.stage.counts
+        seq = w.stage.sequencer
+
+        pages = CounterMetricFamily("neardup_pages", "Raw messages consumed by this worker")
+        pages.add_metric([], a.pages)
+        yield pages
+
+        decisions = CounterMetricFamily(
+            "neardup_decisions", "Pages decided by this worker, by decision", labels=["kind"]
+        )
+        for kind, n in sorted(c.decisions.items()):
+            decisions.add_metric([kind], n)
+        yield decisions
+
+        rejects = CounterMetricFamily(
+            "neardup_rejects", "Pages dead-lettered by this worker, by reason", labels=["reason"]
+        )
+        reasons = dict(a.rejects)
+        if c.internal:
+            reasons["internal"] = reasons.get("internal", 0) + c.internal
+        for reason, n in sorted(reasons.items()):
+            rejects.add_metric([reason], n)
+        yield rejects
+
+        seconds = CounterMetricFamily(
+            "neardup_stage_seconds", "Time spent in each stage", labels=["stage"]
+        )
+        for stage, s in a.seconds.items():
+            if stage in ("decode", "extract", "normalise", "fingerprint"):
+                seconds.add_metric([stage], s)
+        for stage, s in e.seconds.items():
+            if stage in ("template", "index", "cluster"):
+                seconds.add_metric([stage], s)
+        yield seconds
+
+        for name, doc, value in (
+            ("neardup_repeated", "Pages answered with a stored decision", c.repeated),
+            ("neardup_merges", "Cluster merges published", c.merges),
+            ("neardup_redone", "Pages whose writes were completed from the journal", c.redone),
+            ("neardup_late_pages", "Pages released out of order (late)", seq.late),
+        ):
+            counter = CounterMetricFamily(name, doc)
+            counter.add_metric([], value)
+            yield counter
+
+        pending = GaugeMetricFamily("neardup_pending_pages", "Pages waiting in the sequencer")
+        pending.add_metric([], len(seq))
+        yield pending
+        flights = getattr(w.stage, "flights", None)
+        if flights is not None:
+            g = GaugeMetricFamily("neardup_pages_in_flight", "Pages released, not yet decided")
+            g.add_metric([], len(flights))
+            yield g
+            probes = CounterMetricFamily("neardup_probes", "Probes answered by this worker")
+            probes.add_metric([], w.probe_counts.probes)
+            yield probes
+
+        capped = GaugeMetricFamily(
+            "neardup_index_capped", "Index entries not written: bucket full", labels=["part"]
+        )
+        for part, n in w.stage.engine.index.capped.items():
+            capped.add_metric([part], n)
+        yield capped
+
+        keys, size = self.m.state_size()
+        if keys is not None:
+            g = GaugeMetricFamily(
+                "neardup_state_keys", "Keys in the local state and index tables (estimate)"
+            )
+            g.add_metric([], keys)
+            yield g
+        g = GaugeMetricFamily("neardup_state_bytes", "Bytes of local table state on disk")
+        g.add_metric([], size)
+        yield g
+
+        lag = GaugeMetricFamily(
+            "neardup_consumer_lag", "Raw messages not yet committed", labels=["partition"]
+        )
+        for partition, n in sorted(self.m.lag.items()):
+            lag.add_metric([str(partition)], n)
+        yield lag
+
+
+class Metrics:
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.latency = Histogram(
+            "neardup_stage_latency_seconds",
+            "Per-page latency of the worker's stages",
+            labelnames=["stage"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.end_to_end = Histogram(
+            "neardup_end_to_end_seconds",
+            "From the raw message's timestamp to its decision being published",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        #: Raw partition -> messages not yet committed (updated with the marks).
+        self.lag: dict[int, int] = {}
+        self.registry.register(_StageCollector(self))
+
+    def observe_analyse(self, seconds: float) -> None:
+        self.latency.labels("analyse").observe(seconds)
+
+    def observe_decide(self, seconds: float) -> None:
+        self.latency.labels("decide").observe(seconds)
+
+    def observe_emits(self, emits: list[Emit]) -> None:
+        """End-to-end latency of the decisions just published (the counts come from the
+        stages)."""
+        now = time.time()
+        for emit in emits:
+            if emit.topic == "decisions" and emit.since > 0:
+                self.end_to_end.observe(max(0.0, now - emit.since))
+
+    def state_size(self) -> tuple[int | None, int]:
+        """Estimated keys of the state table's local RocksDB, and bytes of all tables."""
+        keys: int | None = None
+        tables = [self.worker.state_table, getattr(self.worker, "buckets_table", None)]
+        dbs = [db for t in tables if t is not None for db in getattr(t.data, "_dbs", {}).values()]
+        for db in dbs:
+            try:
+                keys = (keys or 0) + int(db.property_int_value("rocksdb.estimate-num-keys") or 0)
+            except Exception:  # an older rocksdict, or a closed database
+                keys = None
+        size = 0
+        tabledir = str(self.worker.app.conf.tabledir)
+        for root, _, files in os.walk(tabledir):
+            for f in files:
+                # RocksDB may remove a file while we walk
+                with contextlib.suppress(OSError):
+                    size += os.path.getsize(os.path.join(root, f))
+        return keys, size
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

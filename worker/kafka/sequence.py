@@ -1,0 +1,181 @@
+"""Sequencing: release analysed pages in one order that does not depend on partitions.
+
+Pages reach the sequencer from every raw partition, interleaved however the analysers'
+timing falls. The stateful stages must see them in one deterministic order, so that N
+workers decide what one worker decides. That order is the order key ``(order, page_id)``:
+fetch time, then page id.
+
+A pending page with order ``K`` is released once no raw partition can still deliver a
+page with an order up to ``K``. For each partition either
+
+* a page with a later order has come from it (pages of one partition arrive in offset
+  order, and a partition is taken to be written in non-decreasing fetch time), or
+* it is *drained*: a mark promised that every page below some offset was delivered, and
+  no page at or beyond that offset has come since.
+
+Ties on ``K`` wait for a strictly later page, so pages of one partition with the same
+fetch time may come in any page-id order.
+
+A page that arrives after a greater key was released (its partition broke the fetch-time
+order, or it was produced into a drained partition after the mark) is *late*: it is
+released at once, in arrival order, and counted.
+
+This module knows nothing of Kafka: partitions and offsets are plain integers, and the
+state lives in memory; the caller persists it (``Progress.to_bytes``, the pending keys).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from worker.kafka.wire import Mark
+
+Key = tuple[int, str]  # (order, page_id)
+
+_ORDER_BIAS = 1 << 63  # orders are signed milliseconds; biased they sort as unsigned bytes
+
+
+def key_bytes(key: Key) -> bytes:
+    """A byte string that sorts like ``key``."""
+    order, page_id = key
+    return (order + _ORDER_BIAS).to_bytes(8, "big") + page_id.encode("utf-8")
+
+
+def key_from_bytes(raw: bytes) -> Key:
+    return int.from_bytes(raw[:8], "big") - _ORDER_BIAS, raw[8:].decode("utf-8")
+
+
+@dataclass(slots=True)
+class Progress:
+    """What the sequencer knows of one raw partition."""
+
+    #: Offset of the latest page received from the partition (-1: none yet).
+    last_page: int = -1
+    #: Greatest order received from the partition (None: none yet).
+    high: int | None = None
+    #: Every page below this offset has been delivered (from the latest mark).
+    through: int = -1
+
+    @property
+    def drained(self) -> bool:
+        """Nothing can come from the partition that is not here already."""
+        return self.through > self.last_page
+
+    def to_bytes(self) -> bytes:
+        return json.dumps([self.last_page, self.high, self.through]).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Progress:
+        last_page, high, through = json.loads(raw)
+        return cls(int(last_page), None if high is None else int(high), int(through))
+
+
+class Sequencer:
+    """Pending page keys and per-partition progress; decides what may be released."""
+
+    def __init__(self) -> None:
+        #: Partitions of the raw topic (0 until a message says).
+        self.partitions = 0
+        self.progress: dict[int, Progress] = {}
+        self._heap: list[Key] = []
+        self._pending: set[Key] = set()
+        #: The greatest key released so far.
+        self.released: Key | None = None
+        self.late = 0
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def restore(
+        self,
+        partitions: int,
+        progress: Iterable[tuple[int, Progress]],
+        pending: Iterable[Key],
+        released: Key | None,
+    ) -> None:
+        """Load persisted state (after a restart or a rebalance)."""
+        self.partitions = partitions
+        self.progress = dict(progress)
+        self._pending = set(pending)
+        self._heap = sorted(self._pending)
+        self.released = released
+
+    def observe(self, partition: int, offset: int, partitions: int, order: int) -> bool:
+        """Record that a page of ``order`` came from ``partition`` at ``offset``; True if
+        the partition's progress moved. A page at or below the partition's last page
+        offset is a redelivery and moves nothing."""
+        self.partitions = max(self.partitions, partitions)
+        prog = self.progress.setdefault(partition, Progress())
+        if offset <= prog.last_page:
+            return False
+        prog.last_page = offset
+        prog.high = order if prog.high is None else max(prog.high, order)
+        return True
+
+    def add(self, key: Key) -> bool:
+        """Make ``key`` pending; False if it already is (a redelivered page)."""
+        if key in self._pending:
+            return False
+        self._pending.add(key)
+        heapq.heappush(self._heap, key)
+        return True
+
+    def on_marks(self, partitions: int, marks: Iterable[Mark]) -> list[int]:
+        """Apply marks; returns the partitions whose progress changed."""
+        self.partitions = max(self.partitions, partitions)
+        changed = []
+        for mark in marks:
+            prog = self.progress.setdefault(mark.partition, Progress())
+            if mark.through > prog.through:
+                prog.through = mark.through
+                changed.append(mark.partition)
+        return changed
+
+    def _may_release(self, order: int) -> bool:
+        if self.partitions == 0:
+            return False
+        for p in range(self.partitions):
+            prog = self.progress.get(p)
+            if prog is None:
+                return False
+            if not prog.drained and (prog.high is None or prog.high <= order):
+                return False
+        return True
+
+    def peek(self) -> Key | None:
+        """The next key that may be released now, without releasing it."""
+        if not self._heap:
+            return None
+        key = self._heap[0]
+        late = self.released is not None and key < self.released
+        return key if late or self._may_release(key[0]) else None
+
+    def pop(self) -> Key:
+        """Release the key ``peek`` returned."""
+        key = heapq.heappop(self._heap)
+        self._pending.discard(key)
+        if self.released is not None and key < self.released:
+            self.late += 1
+        else:
+            self.released = key
+        return key
+
+    def release(self) -> Iterator[Key]:
+        """Release every key that may be released now, in order."""
+        while self.peek() is not None:
+            yield self.pop()
+
+    def blocking(self) -> list[int]:
+        """Partitions that hold back the next pending page (for logs and metrics)."""
+        if not self._heap:
+            return []
+        order = self._heap[0][0]
+        return [
+            p
+            for p in range(self.partitions)
+            if (prog := self.progress.get(p)) is None
+            or (not prog.drained and (prog.high is None or prog.high <= order))
+        ]

@@ -1,0 +1,335 @@
+"""The worker's stages as plain objects: what the agents call, with no Kafka in them.
+
+* ``analyse_message``: one raw message to an analysed page or a rejection (pure; runs on
+  every worker, for the partitions it owns).
+* ``DecideStage``: the sequencing stage and, after it, the stateful stages — template
+  filter, index, decide, cluster — through ``Engine``. It turns sequencer messages into
+  the messages to publish. Everything it remembers is in one ``ScanKV`` (a Faust table
+  with one changelog partition in the worker, memory in tests), written in batches
+  through a redo journal (``worker.kafka.journal``), so that a crash leaves whole steps.
+  ``worker.kafka.route.RoutedStage`` keeps the index elsewhere, partitioned by bucket.
+
+What a page's step publishes is returned only after its writes were handed to the store;
+the agent flushes the changelog before publishing, so a published decision is always one
+the state remembers, and a page seen again gets exactly that decision back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from worker.config import EngineConfig
+from worker.contract import parse_raw
+from worker.engine import Analysed, Engine, Merge, Outcome, Stats, analyse
+from worker.kafka.journal import JournalKV
+from worker.kafka.sequence import Key, Progress, Sequencer, key_bytes, key_from_bytes
+from worker.kafka.tablekv import ScanKV
+from worker.kafka.wire import (
+    Mark,
+    MarksMsg,
+    PageMsg,
+    SequenceMsg,
+    analysed_from_json,
+    analysed_to_json,
+)
+from worker.records import Reason, Rejected
+from worker.store import KV, check_marker
+
+log = logging.getLogger(__name__)
+
+# The stage's own keys beside the engine's (which never start with 0x01).
+_PENDING = b"\x01Q"  # + key_bytes(order, page_id) -> {"ts", "a": analysed page}
+_PROGRESS = b"\x01R"  # + partition (4 bytes) -> Progress
+_PARTITIONS = b"\x01N"  # -> raw partition count
+_RELEASED = b"\x01L"  # -> key_bytes of the greatest key released
+_MERGES = b"\x01G"  # + pid -> the merges the page's decision caused (JSON list)
+
+Topic = Literal["decisions", "merges", "rejects", "probes", "records"]
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    """One message to publish: topic, key, value, and (internal topics) partition."""
+
+    topic: Topic
+    key: bytes | None
+    value: bytes
+    partition: int | None = None
+    #: The raw message's timestamp, for the end-to-end latency (0: unknown).
+    since: float = 0.0
+
+    @classmethod
+    def json(cls, topic: Topic, key: str | None, value: dict[str, Any], since: float = 0.0) -> Emit:
+        body = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        return cls(topic, None if key is None else key.encode(), body, None, since)
+
+
+def analyse_message(
+    raw: bytes | None, cfg: EngineConfig, stats: Stats, sandbox: Any = None
+) -> Analysed | Rejected:
+    """A raw-topic message value to an analysed page or a rejection; never raises.
+
+    ``sandbox`` is an ``Engine``'s sandbox (``worker.sandbox``): the engine's ``analyse``
+    bounded in time and memory, as ``Engine.process`` runs it; None runs it here."""
+    stats.pages += 1
+    out = _analyse_message(raw, cfg, stats, sandbox)
+    if isinstance(out, Rejected):
+        stats.rejects[str(out.reason)] += 1
+    return out
+
+
+def _analyse_message(
+    raw: bytes | None, cfg: EngineConfig, stats: Stats, sandbox: Any
+) -> Analysed | Rejected:
+    if raw is None:
+        return Rejected(Reason.BAD_JSON, "message has no value")
+    page = parse_raw(raw, cfg.max_bytes)
+    if isinstance(page, Rejected):
+        return page
+    try:
+        result: Analysed | Rejected = (
+            sandbox.analyse(page, stats) if sandbox is not None else analyse(page, cfg, stats)
+        )
+    except Exception as exc:  # a bug, not bad input: the page is dead-lettered
+        log.exception("analyse failed on page %s (%s)", page.page_id, page.url)
+        detail = f"{type(exc).__name__}: {exc}"[:500]
+        return Rejected(Reason.INTERNAL, detail, page.page_id, page.url)
+    return result
+
+
+def drained(
+    ends: dict[int, int | None],
+    committed: dict[int, int | None],
+    earliest: dict[int, int | None],
+) -> tuple[list[Mark], dict[int, int]]:
+    """Marks for the raw partitions whose committed offset has reached their end offset
+    (a partition with no committed offset counts when it is empty), and the lag of each."""
+    marks, lag = [], {}
+    for p, end in sorted(ends.items()):
+        if end is None:
+            continue
+        done = committed.get(p)
+        if done is None:
+            done = earliest.get(p)
+        if done is None:
+            continue
+        lag[p] = max(0, end - done)
+        if done >= end:
+            marks.append(Mark(p, end))
+    return marks, lag
+
+
+def pid_bytes(pid: int) -> bytes:
+    return pid.to_bytes(8, "big")
+
+
+@dataclass
+class DecideCounts:
+    """What the sequencing and decide stages did, for the metrics."""
+
+    decisions: dict[str, int] = field(default_factory=dict)
+    repeated: int = 0
+    redone: int = 0
+    internal: int = 0
+    merges: int = 0
+
+
+class DecideStage:
+    """Sequencer plus ``Engine`` over the state store; see the module docstring."""
+
+    def __init__(self, kv: ScanKV, cfg: EngineConfig) -> None:
+        self.journal = JournalKV(kv)
+        self.engine = Engine(self._engine_kv(self.journal, cfg), cfg)
+        self.sequencer = Sequencer()
+        self.counts = DecideCounts()
+        self.loaded = False
+        #: Called with the seconds each page took in the stateful stages (the metrics).
+        self.observe: Callable[[float], None] | None = None
+
+    def _engine_kv(self, journal: JournalKV, cfg: EngineConfig) -> KV:
+        """What the engine reads and writes: the journal over the state store."""
+        return journal
+
+    def busy(self) -> bool:
+        """Whether ``release`` has more to do right away."""
+        return self.sequencer.peek() is not None
+
+    # -- state -----------------------------------------------------------------------
+
+    def load(self) -> list[Emit]:
+        """Complete a step a crash cut short, rebuild the in-memory sequencer from the
+        store and check the state's marker. Returns what must be sent again."""
+        if self.journal.redo_last():
+            self.counts.redone += 1
+        kv = self.journal
+        raw_n, raw_released = kv.get_many([_PARTITIONS, _RELEASED])
+        n = len(_PROGRESS)
+        progress = [
+            (int.from_bytes(k[n:], "big"), Progress.from_bytes(v)) for k, v in kv.scan(_PROGRESS)
+        ]
+        pending = [key_from_bytes(k[len(_PENDING) :]) for k, _ in kv.scan(_PENDING)]
+        self.sequencer = Sequencer()
+        self.sequencer.restore(
+            int(raw_n) if raw_n else 0,
+            progress,
+            pending,
+            key_from_bytes(raw_released) if raw_released else None,
+        )
+        check_marker(self.journal, self.engine.cfg, "the worker's state table")
+        self.journal.apply(0)
+        self.loaded = True
+        log.info(
+            "sequencer loaded: %d pending pages, %d raw partitions",
+            len(self.sequencer),
+            self.sequencer.partitions,
+        )
+        return self._resume()
+
+    def _resume(self) -> list[Emit]:
+        """After ``load``: what to send again (nothing here)."""
+        return []
+
+    def unload(self) -> None:
+        """Forget the in-memory state (the partition was revoked)."""
+        self.loaded = False
+        self.sequencer = Sequencer()
+
+    def _save_progress(self, partitions: Iterable[int]) -> None:
+        seq = self.sequencer
+        items = [(_PARTITIONS, str(seq.partitions).encode())]
+        items += [
+            (_PROGRESS + p.to_bytes(4, "big"), seq.progress[p].to_bytes()) for p in partitions
+        ]
+        self.journal.put_many(items)
+
+    # -- messages --------------------------------------------------------------------
+
+    def accept(self, msg: SequenceMsg) -> list[Emit]:
+        """Take one sequencer message; returns what it answers at once (a page id decided
+        before is answered with its stored decision). Call ``release`` next."""
+        out = [] if self.loaded else self.load()
+        if isinstance(msg, MarksMsg):
+            before = self.sequencer.partitions
+            changed = self.sequencer.on_marks(msg.partitions, msg.marks)
+            if changed or self.sequencer.partitions != before:
+                self._save_progress(changed)
+                self.journal.apply(0)
+            out += self.resend_stalled()  # marks come every few hundred ms: a clock
+        elif isinstance(msg, PageMsg):
+            out += self._accept_page(msg)
+        else:
+            out += self._accept_other(msg)
+        return out
+
+    def resend_stalled(self) -> list[Emit]:
+        """What to send again for work that waits too long (nothing here)."""
+        return []
+
+    def _in_progress(self, key: Key) -> bool:
+        """Whether the page ``key`` was released and is still being decided."""
+        return False
+
+    def _accept_other(self, msg: SequenceMsg) -> list[Emit]:
+        log.warning("ignoring a %s: this worker does not route its index", type(msg).__name__)
+        return []
+
+    def _accept_page(self, msg: PageMsg) -> list[Emit]:
+        a = msg.page
+        if self.sequencer.observe(msg.partition, msg.offset, msg.partitions, a.order):
+            self._save_progress([msg.partition])
+        stored = self._stored(a.pid)
+        key: Key = (a.order, a.page.page_id)
+        if stored is None and not self._in_progress(key) and self.sequencer.add(key):
+            pending = {"ts": msg.timestamp, "a": analysed_to_json(a)}
+            value = json.dumps(pending, ensure_ascii=False).encode()
+            self.journal.put_many([(_PENDING + key_bytes(key), value)])
+        self.journal.apply(0)
+        if stored is not None:  # decided before: redelivered, or crawled again
+            self.counts.repeated += 1
+            return stored
+        return []
+
+    def release(self, limit: int = 100) -> list[Emit]:
+        """Take up to ``limit`` pages that may now be released, in order."""
+        out: list[Emit] = []
+        seq = self.sequencer
+        for _ in range(limit):
+            if seq.peek() is None:
+                break
+            key = seq.pop()
+            kb = key_bytes(key)
+            (raw,) = self.journal.get_many([_PENDING + kb])
+            if raw is None:  # cannot happen unless the store lost a write
+                log.error("pending page %s vanished from the sequencer's store", key)
+                continue
+            pending = json.loads(raw)
+            a = analysed_from_json(pending["a"])
+            t0 = time.perf_counter()
+            out.extend(self._released(a, float(pending["ts"])))
+            # leaving the pending set is part of the page's step: one journal batch
+            self.journal.delete_many([_PENDING + kb])
+            self.journal.put_many([(_RELEASED, key_bytes(seq.released or key))])
+            self.journal.apply(a.pid)
+            if self.observe is not None:
+                self.observe(time.perf_counter() - t0)
+        return out
+
+    # -- decide ----------------------------------------------------------------------
+
+    def _released(self, a: Analysed, since: float) -> list[Emit]:
+        """A page's turn has come: decide it now. Its writes are left in the journal, for
+        the caller to apply with the rest of the page's step."""
+        stored = self._stored(a.pid)
+        if stored is not None:
+            self.counts.repeated += 1
+            return stored
+        try:
+            outcome = self.engine.decide_analysed(a)
+            return self._conclude(a, outcome, since)
+        except Exception as exc:  # a bug: logged once, the page is dead-lettered
+            return self._failed(a, exc)
+
+    def _conclude(self, a: Analysed, outcome: Outcome, since: float) -> list[Emit]:
+        """Hand a decided page's writes to the journal; returns what it publishes."""
+        engine = self.engine
+        if outcome.merges:
+            value = json.dumps([m.to_json() for m in outcome.merges], ensure_ascii=False)
+            engine.kv.put_many([(_MERGES + pid_bytes(a.pid), value.encode())])
+        engine.kv.commit()
+        kind = str(outcome.decision["decision"])
+        self.counts.decisions[kind] = self.counts.decisions.get(kind, 0) + 1
+        self.counts.merges += len(outcome.merges)
+        return self._outputs(outcome.decision, outcome.merges, since)
+
+    def _failed(self, a: Analysed, exc: Exception) -> list[Emit]:
+        self.engine.kv.rollback()
+        self.journal.discard()
+        log.error("decide failed on page %s (%s)", a.page.page_id, a.page.url, exc_info=exc)
+        self.counts.internal += 1
+        detail = f"{type(exc).__name__}: {exc}"[:500]
+        rej = Rejected(Reason.INTERNAL, detail, a.page.page_id, a.page.url)
+        return [Emit.json("rejects", rej.page_id, rej.to_json())]
+
+    @staticmethod
+    def _outputs(
+        decision: dict[str, Any], merges: Iterable[Merge | dict[str, Any]], since: float = 0.0
+    ) -> list[Emit]:
+        out = [Emit.json("decisions", str(decision["page_id"]), decision, since)]
+        for m in merges:
+            body = m.to_json() if isinstance(m, Merge) else m
+            out.append(Emit.json("merges", str(body["from_cluster"]), body))
+        return out
+
+    def _stored(self, pid: int) -> list[Emit] | None:
+        """The messages published for a page decided before, or None."""
+        rec = self.engine.clusters.page(pid)
+        if rec is None:
+            return None
+        decision = dict(rec["decision"])  # type: ignore[call-overload]
+        (raw,) = self.journal.get_many([_MERGES + pid_bytes(pid)])
+        return self._outputs(decision, json.loads(raw) if raw else [])

@@ -1,0 +1,186 @@
+"""``KV`` over a Faust table whose keys and values are raw bytes.
+
+Faust keeps one store per table partition and picks it from the event being processed,
+so every call must be made while an agent handles an event of the table's source
+partition (``event_context`` sets it for events taken in batches).
+
+With the RocksDB store, reads and writes go straight to the partition's rocksdict
+database (one multi-get, one write batch), and the changelog records are collected by a
+``Changelog`` and sent as one Kafka batch per partition when the agent flushes. Faust's
+own path costs a Kafka message, a future and a RocksDB write of the persisted offset per
+key; a page writes about a hundred keys. The records are exactly what Faust would have
+sent (raw key, raw value, a tombstone for a delete, to the event's partition of the
+table's changelog topic), so Faust's recovery and standby replicas read them as its own,
+and ``Changelog`` keeps the persisted offset Faust recovers from. With the memory store
+(agent tests) every call goes through the table's own API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol, cast
+
+from worker.store import KV
+
+#: Bytes of one Kafka batch of changelog records (a larger single record still goes).
+_BATCH_BYTES = 1 << 20
+_NO_COMPRESSION = 0
+
+
+class ScanKV(KV, Protocol):
+    """A ``KV`` that can also list the items under a key prefix, in key order."""
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+
+
+@contextmanager
+def event_context(event: Any) -> Iterator[None]:
+    """Make ``event`` Faust's current event while a batch of events (``take_events``) is
+    handled one by one: a table picks its partition from the current event."""
+    from faust.streams import _current_event
+
+    token = _current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        _current_event.reset(token)
+
+
+def _current_partition() -> int | None:
+    from faust.streams import current_event
+
+    event = current_event()
+    return None if event is None else int(event.message.partition)
+
+
+class Changelog:
+    """Changelog records of the worker's tables, waiting to be sent in batches."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._pending: dict[tuple[Any, int], list[tuple[bytes, bytes | None]]] = {}
+        self._sent: list[asyncio.Future[Any]] = []
+
+    def add(self, table: Any, partition: int, records: list[tuple[bytes, bytes | None]]) -> None:
+        self._pending.setdefault((table, partition), []).extend(records)
+
+    async def flush(self, *, wait: bool = True) -> None:
+        """Hand the records to the producer; with ``wait``, until the broker has them all
+        (what a decision published next may rely on)."""
+        from aiokafka.producer.message_accumulator import (  # type: ignore[import-untyped]
+            BatchBuilder,
+        )
+
+        pending, self._pending = self._pending, {}
+        if pending:
+            producer = self.app.producer._producer  # Faust's aiokafka producer
+            for (table, partition), records in pending.items():
+                topic = table.changelog_topic.get_topic_name()
+                batch = BatchBuilder(_BATCH_BYTES, _NO_COMPRESSION)
+                for key, value in records:
+                    if batch.append(timestamp=None, key=key, value=value) is None:
+                        await self._send(producer, batch, table, topic, partition)
+                        batch = BatchBuilder(_BATCH_BYTES, _NO_COMPRESSION)
+                        batch.append(timestamp=None, key=key, value=value)
+                await self._send(producer, batch, table, topic, partition)
+        if wait:
+            sent, self._sent = self._sent, []
+            await asyncio.gather(*sent)
+        else:
+            self._sent = [f for f in self._sent if not f.done()]
+
+    async def _send(self, producer: Any, batch: Any, table: Any, topic: str, p: int) -> None:
+        from faust.types import TP
+
+        count = batch.record_count()
+        future = await producer.send_batch(batch, topic, partition=p)
+
+        def persisted(fut: asyncio.Future[Any]) -> None:
+            # Faust recovers a partition from the offset after this one
+            if not fut.cancelled() and fut.exception() is None:
+                table.data.set_persisted_offset(TP(topic, p), fut.result().offset + count - 1)
+
+        future.add_done_callback(persisted)
+        self._sent.append(future)
+
+
+class TableKV:
+    """A Faust table (``schema`` raw bytes to raw bytes) as a ``ScanKV``."""
+
+    def __init__(self, table: Any, changelog: Changelog | None = None) -> None:
+        self.table = table
+        self.changelog = changelog
+
+    def _rocks(self) -> tuple[Any, int] | None:
+        """The rocksdict database of the current event's partition, if the store is
+        RocksDB, and the partition."""
+        store = self.table.data
+        if not hasattr(store, "_db_for_partition"):
+            return None
+        partition = _current_partition()
+        if partition is None:
+            return None
+        return store._db_for_partition(partition), partition
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        rocks = self._rocks()
+        if rocks is not None:
+            return cast("list[bytes | None]", rocks[0].get(list(keys)))
+        get = self.table.get
+        return [get(k) for k in keys]
+
+    def _write(self, records: list[tuple[bytes, bytes | None]]) -> bool:
+        """Write through the fast path; False if there is none (memory store)."""
+        rocks = self._rocks() if self.changelog is not None else None
+        if rocks is None or self.changelog is None:
+            return False
+        from rocksdict import WriteBatch
+
+        db, partition = rocks
+        batch = WriteBatch(raw_mode=True)
+        for key, value in records:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        db.write(batch)
+        self.changelog.add(self.table, partition, records)
+        return True
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        records: list[tuple[bytes, bytes | None]] = list(items)
+        if records and not self._write(records):
+            table = self.table
+            for key, value in records:
+                table[key] = value
+
+    def delete_many(self, keys: Iterable[bytes]) -> None:
+        records: list[tuple[bytes, bytes | None]] = [(k, None) for k in keys]
+        if records and not self._write(records):
+            table = self.table
+            for key, _ in records:
+                if key in table:
+                    del table[key]
+
+    def delete_prefix(self, prefix: bytes) -> None:
+        self.delete_many([k for k, _ in self.scan(prefix)])
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        rocks = self._rocks()
+        if rocks is not None:
+            for key, value in rocks[0].items(from_key=prefix):
+                if not key.startswith(prefix):
+                    break
+                if value is not None and not key.startswith(b"__faust"):
+                    yield key, value
+            return
+        items = sorted((k, v) for k, v in self.table.items() if k.startswith(prefix))
+        yield from items
+
+    def close(self) -> None:
+        """Nothing to do: Faust opens and closes the table's store."""

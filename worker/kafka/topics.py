@@ -1,0 +1,129 @@
+"""Names of the worker's topics, and creating the ones that are missing before Faust starts.
+
+Faust creates its internal topics (table changelogs) itself, but subscribes to the raw
+topic as it finds it: created later, with the broker's default partition count, it would
+not be consumed until the next rebalance. So the worker creates its topics first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from worker.kafka.security import aiokafka_kwargs
+from worker.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: The Faust table of the sequencer and the engine: pending pages, partition progress,
+#: template counts, clusters (and, unless routed, the index).
+STATE_TABLE = "state"
+#: The routed topology's tables: index buckets by bucket key, sketches by page.
+BUCKETS_TABLE = "buckets"
+SKETCHES_TABLE = "sketches"
+#: A page's journalled writes are one changelog message: allow large ones.
+STATE_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    raw: str
+    decisions: str
+    merges: str
+    rejects: str
+    #: The sequencer's input: one partition, so that it sees one stream.
+    sequence: str
+    #: The routed topology's probes (by bucket key) and records (by page) partitions.
+    probes: str
+    records: str
+
+    @classmethod
+    def of(cls, settings: Settings) -> TopicNames:
+        return cls(
+            raw=settings.topic_raw,
+            decisions=settings.topic_decisions,
+            merges=settings.topic_merges,
+            rejects=settings.topic_rejects,
+            sequence=f"{settings.app_id}-sequencer",
+            probes=f"{settings.app_id}-probes",
+            records=f"{settings.app_id}-records",
+        )
+
+    def partitions(self, settings: Settings) -> dict[str, int]:
+        """Partitions of each topic the worker creates when it is missing."""
+        n = settings.partitions
+        out = {
+            self.raw: n,
+            self.decisions: n,
+            self.merges: n,
+            self.rejects: n,
+            self.sequence: 1,
+        }
+        if settings.topology == "routed":
+            out.update({self.probes: n, self.records: n})
+        return out
+
+    def fixed(self, settings: Settings) -> dict[str, int]:
+        """Topics whose partition count the worker's state depends on: the sequencer has
+        one, and a bucket or a sketch lives in the partition its key hashes to."""
+        parts = self.partitions(settings)
+        return {t: parts[t] for t in (self.sequence, self.probes, self.records) if t in parts}
+
+
+async def ensure_topics(settings: Settings, timeout_s: float = 60.0) -> list[str]:
+    """Create the worker's topics that do not exist yet; returns the ones created."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+    from aiokafka.errors import TopicAlreadyExistsError  # type: ignore[import-untyped]
+
+    names = TopicNames.of(settings)
+    wanted = names.partitions(settings)
+    fixed = names.fixed(settings)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.brokers,
+        request_timeout_ms=int(timeout_s * 1000),
+        **aiokafka_kwargs(settings),
+    )
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [
+            NewTopic(
+                name,
+                n,
+                settings.replication,
+                topic_configs={"max.message.bytes": str(STATE_MAX_MESSAGE_BYTES)}
+                if name in fixed
+                else {},
+            )
+            for name, n in wanted.items()
+            if name not in existing
+        ]
+        if missing:
+            # another worker may have created them in the meantime
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(missing)
+            log.info("created topics %s", ", ".join(t.name for t in missing))
+        have = await _partition_counts(admin, list(fixed))
+        wrong = {t: (have.get(t), n) for t, n in fixed.items() if have.get(t) != n}
+        if wrong:
+            raise SystemExit(
+                "neardup worker: these topics have the wrong number of partitions "
+                + ", ".join(f"{t} ({got}, not {want})" for t, (got, want) in wrong.items())
+                + ". The state depends on it: use the NEARDUP_PARTITIONS the state was built "
+                "with, or a new NEARDUP_APP_ID (and a new state)."
+            )
+        return [t.name for t in missing]
+    finally:
+        await admin.close()
+
+
+async def _partition_counts(admin: Any, topics: list[str]) -> dict[str, int]:
+    described = await admin.describe_topics(topics)
+    return {d["topic"]: len(d["partitions"]) for d in described if not d.get("error_code")}
+
+
+def ensure_topics_sync(settings: Settings) -> list[str]:
+    return asyncio.run(ensure_topics(settings))
