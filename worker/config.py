@@ -72,6 +72,16 @@ class EngineConfig:
     min_text_chars: int = 20
     #: Bodies larger than this are rejected before parsing.
     max_bytes: int = 5 * 1024 * 1024
+    #: Main text longer than this is rejected as `too_large` before it is fingerprinted:
+    #: segmenting a million characters takes about 1.7 s.
+    max_text_chars: int = 1_000_000
+    #: Seconds one page's analysis (decode, extract, normalise, fingerprint) may take. It
+    #: runs in a sandbox child process (``worker.sandbox``) that is killed past this, and
+    #: the page is rejected as `timeout`. 0 analyses in the calling process, unbounded.
+    extract_timeout_s: float = 5.0
+    #: Memory (MiB) one page's analysis may take in the sandbox above the idle child's
+    #: size (its RLIMIT_AS); past it the page is rejected as `too_large`. 0: no limit.
+    extract_max_mb: int = 1024
 
     def __post_init__(self) -> None:
         if self.segmenter not in ("rjieba", "jieba"):
@@ -105,6 +115,13 @@ class EngineConfig:
             raise ValueError("bucket_cap must be >= 16")
         if self.retention_days < 0 or self.min_text_chars < 0 or self.max_bytes < 1024:
             raise ValueError("retention_days, min_text_chars >= 0 and max_bytes >= 1024")
+        if self.max_text_chars <= self.min_text_chars:
+            raise ValueError("max_text_chars must be greater than min_text_chars")
+        # "not <=" also refuses NaN, which compares false with everything
+        if not 0.0 <= self.extract_timeout_s <= 600.0:
+            raise ValueError("extract_timeout_s must be in [0, 600] (0: no sandbox)")
+        if self.extract_max_mb != 0 and not 64 <= self.extract_max_mb <= 1 << 20:
+            raise ValueError("extract_max_mb must be 0 (no limit) or in [64, 1048576]")
 
     @property
     def tables(self) -> int:

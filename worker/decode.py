@@ -9,7 +9,10 @@ Layers, first winner taken (``Decoded.layer`` says which):
 3. ``meta``     ``<meta charset>`` / ``http-equiv`` / ``<?xml encoding>`` in the first 4 KiB;
 4. ``utf8``     the body is valid UTF-8;
 5. ``detector`` Chinese codecs that read as common Chinese, else charset-normalizer;
-6. ``replace``  UTF-8 with U+FFFD for what does not decode.
+6. ``replace``  UTF-8 with U+FFFD for what does not decode;
+7. ``mixed``    only when replacement leaves too much U+FFFD to be a page: UTF-8 with
+                GB or Big5 runs in it (a UTF-8 template around text pasted from a GBK
+                page), each run of non-ASCII bytes decoded by whichever of the two reads it.
 
 A charset (declared, UTF-8 or detected) is believed only if it decodes the body: strictly,
 with at most an incomplete character at the end (truncated fetches), or with under 0.1% bad
@@ -38,6 +41,7 @@ LAYER_META = "meta"
 LAYER_UTF8 = "utf8"
 LAYER_DETECTOR = "detector"
 LAYER_REPLACE = "replace"
+LAYER_MIXED = "mixed"
 LAYERS = (
     LAYER_TEXT,
     LAYER_BOM,
@@ -46,6 +50,7 @@ LAYERS = (
     LAYER_UTF8,
     LAYER_DETECTOR,
     LAYER_REPLACE,
+    LAYER_MIXED,
 )
 
 META_SCAN_BYTES = 4 * 1024
@@ -413,6 +418,40 @@ def _choose(raw: bytes, content_type: str) -> tuple[str, str, str]:
     return raw.decode("utf-8", "replace"), "utf-8", LAYER_REPLACE
 
 
+# A run of non-ASCII bytes, read two at a time from its first byte so that a GBK or Big5
+# character whose second byte is ASCII (0x40-0x7E) stays whole. A UTF-8 run may swallow
+# one ASCII letter this way, which it still decodes.
+_HIGH_RUN = re.compile(rb"(?:[\x80-\xff][\x40-\x7e\x80-\xff]?)+")
+
+
+def _mixed(raw: bytes) -> tuple[str, str] | None:
+    """(text, codecs) for a body of UTF-8 with GB or Big5 runs in it, else None: each
+    run of non-ASCII bytes is UTF-8 if it decodes so, else the Chinese codec under which
+    the other runs read as common Chinese. Linear: each run is decoded at most 3 times."""
+    parts: list[str] = []
+    foreign: list[tuple[int, bytes]] = []  # (index in parts, bytes) of non-UTF-8 runs
+    at = 0
+    for m in _HIGH_RUN.finditer(raw):
+        parts.append(raw[at : m.start()].decode("ascii"))
+        try:
+            parts.append(m.group().decode("utf-8"))
+        except UnicodeDecodeError:
+            foreign.append((len(parts), m.group()))
+            parts.append("")
+        at = m.end()
+    parts.append(raw[at:].decode("ascii"))
+    if not foreign or len(foreign) == len(parts) // 2:  # no runs of one of the two kinds
+        return None
+    for codec in ("gb18030", "big5hkscs"):
+        texts = [run.decode(codec, "replace") for _, run in foreign]
+        joined = "".join(texts)
+        if joined.count("\ufffd") <= MAX_BAD_SHARE * len(joined) and reads_as_chinese(joined):
+            for (i, _), text in zip(foreign, texts, strict=True):
+                parts[i] = text
+            return "".join(parts), f"utf-8+{codec}"
+    return None
+
+
 def bad_share(text: str) -> float:
     """Share of U+FFFD and control characters (tab, newlines and form feed excepted)."""
     if not text:
@@ -451,4 +490,8 @@ def decode(page: RawPage) -> Decoded | Rejected:
     if what is not None:
         return Rejected(Reason.NOT_HTML, what, page.page_id, page.url)
     text, codec, layer = _choose(body, page.content_type)
+    if layer == LAYER_REPLACE and bad_share(text) > MAX_BAD_SHARE:
+        mixed = _mixed(body)
+        if mixed is not None:
+            text, codec, layer = *mixed, LAYER_MIXED
     return _checked(page, text, codec, layer)

@@ -3,16 +3,19 @@
 The stages are plain modules (decode, extract, normalise, fingerprint, template, index,
 decide, cluster); this file only wires them and counts. The command line calls ``Engine``;
 the Kafka worker calls the same pieces: ``analyse`` (pure, the expensive part), then the
-template filter, index, decide and cluster stages on partitioned state.
+template filter, index, decide and cluster stages on partitioned state. ``Engine.process``
+runs ``analyse`` in ``worker.sandbox``, bounded in time and memory, unless the config's
+``extract_timeout_s`` is 0.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -101,12 +104,18 @@ class Outcome:
     """A decision (as its JSON message) and the cluster merges it caused.
 
     ``repeated`` is true when the page id was decided before: the stored decision is
-    returned unchanged and nothing is written.
+    returned unchanged and nothing is written. A page id names one page: the first content
+    decided under it wins, so a redelivered message can never change a decision (nor the
+    index, which holds one entry per id). ``conflict`` is true when the repeated id came
+    with other content (its main text fingerprints differently): still the stored
+    decision, but counted (``Stats.conflicts``) and logged, because the crawler gave two
+    pages one id. An id whose first message was rejected is decided when it comes again.
     """
 
     decision: dict[str, Any]
     merges: tuple[Merge, ...] = ()
     repeated: bool = False
+    conflict: bool = False
 
 
 @dataclass
@@ -119,6 +128,8 @@ class Stats:
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     merges: int = 0
     repeated: int = 0
+    #: Repeated page ids whose content differs from what was decided under them.
+    conflicts: int = 0
     template_dropped: int = 0
     template_only: int = 0
 
@@ -131,14 +142,53 @@ class Stats:
             self.seconds[stage] += time.perf_counter() - t0
 
 
-def analyse(page: RawPage, cfg: EngineConfig, stats: Stats | None = None) -> Analysed | Rejected:
+def _over(body: str | bytes, limit: int) -> bool:
+    """Whether the body is over ``limit`` bytes (a text body counted in UTF-8)."""
+    if isinstance(body, bytes) or len(body) > limit:
+        return len(body) > limit
+    # 1 to 4 bytes a character: only a text near the limit is worth encoding
+    return 4 * len(body) > limit and len(body.encode("utf-8", "surrogatepass")) > limit
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def refuse_unencodable(page: RawPage) -> Rejected | None:
+    """A rejection if a field holds a lone surrogate (a code point, no character).
+
+    parse_raw never makes such a page (its JSON parser refuses them), but a RawPage built
+    by other code may: no UTF-8 record can carry one, and mmh3 crashes the process on one
+    (hashing the page id, or the host). The body is decode's business: it replaces them.
+    """
+    fields = (page.page_id, page.url, page.fetched_at, page.content_type, page.site or "")
+    if all(f.isascii() for f in fields) or not any(map(_LONE_SURROGATE.search, fields)):
+        return None
+    return Rejected(
+        Reason.SCHEMA,
+        "a field holds a lone surrogate, which is no character",
+        _LONE_SURROGATE.sub("\ufffd", page.page_id),
+        _LONE_SURROGATE.sub("\ufffd", page.url),
+    )
+
+
+# One early return per stage's rejection: a pipeline reads better flat than nested.
+def analyse(  # noqa: PLR0911
+    page: RawPage, cfg: EngineConfig, stats: Stats | None = None
+) -> Analysed | Rejected:
     """Decode, extract, normalise and fingerprint one page. Pure: no state is read, so this,
     the expensive part, runs anywhere (any worker, any partition)."""
     st = stats or Stats()
+    refused = refuse_unencodable(page)
+    if refused is not None:
+        return refused
     try:
         order = page_order(page.fetched_at)
     except ValueError as exc:
         return Rejected(Reason.SCHEMA, f"fetched_at: {exc}", page.page_id, page.url)
+    # parse_raw enforces the cap already; a page from any other source must not skip it
+    if _over(page.body, cfg.max_bytes):
+        detail = f"body is over {cfg.max_bytes} bytes"
+        return Rejected(Reason.TOO_LARGE, detail, page.page_id, page.url)
     with st.timed("decode"):
         decoded = decode(page)
     if isinstance(decoded, Rejected):
@@ -156,6 +206,9 @@ def analyse(page: RawPage, cfg: EngineConfig, stats: Stats | None = None) -> Ana
             page.page_id,
             page.url,
         )
+    if len(text) > cfg.max_text_chars:
+        detail = f"main text has {len(text)} characters, more than {cfg.max_text_chars}"
+        return Rejected(Reason.TOO_LARGE, detail, page.page_id, page.url)
     with st.timed("fingerprint"):
         fps = fingerprint(text, cfg)
     if fps.words < 2:
@@ -171,6 +224,13 @@ def analyse(page: RawPage, cfg: EngineConfig, stats: Stats | None = None) -> Ana
         decoded.charset,
         decoded.layer,
     )
+
+
+def conflicts_with(decision: Mapping[str, Any], a: Analysed) -> bool:
+    """Whether ``a`` carries other content than the page its id was decided as: its
+    primary fingerprint differs from the stored decision's (the fingerprint covers the
+    whole main text, template sentences included, so the same page always agrees)."""
+    return decision.get("fingerprint") != f"{a.fps.fp1:016x}"
 
 
 def without_template(a: Analysed, template: set[int], cfg: EngineConfig) -> Analysed:
@@ -220,6 +280,11 @@ class Engine:
         self.clusters = Clusters(self.kv)
         self.stats = Stats()
         self.engine_info = {"version": __version__, "params": str(self.cfg)}
+        # Imported here: worker.sandbox runs this module's ``analyse`` in its child.
+        from worker.sandbox import Sandbox
+
+        #: Bounds analysis in time and memory; None analyses in this process, unbounded.
+        self.sandbox = Sandbox(self.cfg) if self.cfg.extract_timeout_s > 0 else None
 
     def decide_analysed(self, a: Analysed) -> Outcome:
         """The stateful stages for a page from the pure ``analyse``: the host's template
@@ -227,24 +292,27 @@ class Engine:
         counts nothing, so a redelivered page leaves the state as it was."""
         rec = self.clusters.page(a.pid)
         if rec is not None:
-            self.stats.repeated += 1
-            return Outcome(dict(rec["decision"]), (), True)  # type: ignore[call-overload]
+            return self._repeated(a, rec)
+        return self.decide(self.filter_template(a))
+
+    def filter_template(self, a: Analysed) -> Analysed:
+        """The page without its host's template sentences; counts the page in its host's
+        template statistics."""
         with self.stats.timed("template"):
             template, _ = self.templates.filter(a.host, a.fps.strings)
         self.stats.template_dropped += len(template)
-        return self.decide(without_template(a, template, self.cfg))
+        return without_template(a, template, self.cfg)
 
     def decide(self, a: Analysed) -> Outcome:
         """Decide an analysed page; writes the index and clusters in one batch."""
         rec = self.clusters.page(a.pid)
         if rec is not None:
-            self.stats.repeated += 1
-            return Outcome(dict(rec["decision"]), (), True)  # type: ignore[call-overload]
+            return self._repeated(a, rec)
         with self.stats.timed("index"):
             found = self.index.lookup(a.fps, a.order)
             cands = {} if a.template_only else candidates(a.fps, found, self.cfg, a.pid)
             sketches = self.index.sketches(list(cands))
-            found_matches = matches(a.fps, cands, sketches, self.cfg)
+            found_matches = self._without_bridges(matches(a.fps, cands, sketches, self.cfg))
         with self.stats.timed("cluster"):
             page_id = a.page.page_id
             record: dict[str, Any] = {"page_id": page_id, "url": a.page.url, "order": a.order}
@@ -272,6 +340,63 @@ class Engine:
         merges = tuple(Merge(k.page_id, root.page_id, page_id, now) for k in merged)
         return Outcome(decision, merges)
 
+    def _repeated(self, a: Analysed, rec: dict[str, object]) -> Outcome:
+        """The stored decision for a page id decided before, flagged if the content differs."""
+        decision = dict(rec["decision"])  # type: ignore[call-overload]
+        self.stats.repeated += 1
+        conflict = conflicts_with(decision, a)
+        if conflict:
+            self.stats.conflicts += 1
+            log.warning(
+                "page id %s came again with other content (fingerprint %016x, decided as %s)"
+                "; the first decision stands",
+                a.page.page_id,
+                a.fps.fp1,
+                decision.get("fingerprint"),
+            )
+        return Outcome(decision, (), True, conflict)
+
+    def _without_bridges(self, found: list[Match]) -> list[Match]:
+        """The matches that may join clusters: containment must not bridge unrelated
+        clusters through text they share (a boilerplate block on pages of one site, or of
+        sites that share a publisher), which chains every page that carries it.
+
+        * A page contained in pages of several clusters, and a duplicate of none, is text
+          they have in common: it joins its best match only and merges nothing.
+        * A page whose only matches in a cluster are pages it contains that are already
+          contained in another page is a third page around the same shared text: it
+          joins nothing there (a real copy would also match the other container).
+        """
+        if not found:
+            return found
+        roots = {m.pid: self.clusters.find(m.pid) for m in found}
+        if len(set(roots.values())) > 1 and all(m.kind is Kind.CONTAINED for m in found):
+            return found[:1]
+        by_root: dict[int, list[Match]] = {}
+        for m in found:
+            by_root.setdefault(roots[m.pid], []).append(m)
+        kept: list[Match] = []
+        for group in by_root.values():
+            if not all(m.kind is Kind.CONTAINS and self._is_contained(m.pid) for m in group):
+                kept.extend(group)
+        kept.sort(key=Match.sort_key)
+        for m in kept:
+            if m.kind is Kind.CONTAINS:
+                self._mark_contained(m.pid)
+        return kept
+
+    def _is_contained(self, pid: int) -> bool:
+        rec = self.clusters.page(pid) or {}
+        decision = rec.get("decision")
+        kind = decision.get("decision") if isinstance(decision, dict) else None
+        return bool(rec.get("contained")) or kind == str(Kind.CONTAINED)
+
+    def _mark_contained(self, pid: int) -> None:
+        rec = self.clusters.page(pid)
+        if rec is not None and not rec.get("contained"):
+            rec["contained"] = True
+            self._put_record(pid, rec)
+
     def _put_record(self, pid: int, record: dict[str, Any]) -> None:
         import json
 
@@ -286,7 +411,11 @@ class Engine:
             self.stats.rejects[str(page.reason)] += 1
             return page
         try:
-            analysed = analyse(page, self.cfg, self.stats)
+            analysed = (
+                self.sandbox.analyse(page, self.stats)
+                if self.sandbox is not None
+                else analyse(page, self.cfg, self.stats)
+            )
             if isinstance(analysed, Rejected):
                 self.stats.rejects[str(analysed.reason)] += 1
                 return analysed
@@ -309,4 +438,6 @@ class Engine:
         return self.clusters.cluster_of(page_pid(page_id))
 
     def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
         self.kv.close()

@@ -1,0 +1,696 @@
+"""Bad and hostile input (issue 4, "Bad input"): every case gets one rejection with a typed
+reason, or a sensible decision, and the page after it is still decided.
+
+Inputs are generated in memory (``tests/fuzz/inputs.py``); none comes from the dev data.
+The engine runs as ``neardup dedup`` runs it: default settings, analysis in the sandbox.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import itertools
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.fuzz import inputs
+from tests.fuzz.inputs import b64_message, good_line, line, message, page_html
+from worker import cli
+from worker.config import EngineConfig
+from worker.contract import parse_raw, validate
+from worker.decode import decode
+from worker.engine import Analysed, Engine, Outcome, analyse
+from worker.extract import EXTRACTORS, extract
+from worker.records import Decoded, Extracted, RawPage, Reason, Rejected
+from worker.sandbox import Sandbox
+from worker.store import MemoryKV
+
+CFG = EngineConfig()
+# Analysis in this process: for the cases that test a stage, not the sandbox.
+IN_PROCESS = CFG.with_overrides(extract_timeout_s=0.0)
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> random.Random:
+    return random.Random(request.node.name)
+
+
+def run(lines: Sequence[bytes], cfg: EngineConfig = CFG) -> list[Outcome | Rejected]:
+    engine = Engine(MemoryKV(), cfg)
+    try:
+        return [engine.process(parse_raw(raw, cfg.max_bytes)) for raw in lines]
+    finally:
+        engine.close()
+
+
+def check_rejected(out: Outcome | Rejected, reason: Reason, detail: str = "") -> Rejected:
+    assert isinstance(out, Rejected), out
+    assert out.reason is reason, (out.reason, out.detail)
+    assert detail in out.detail, out.detail
+    assert validate("rejected", out.to_json()) == []
+    return out
+
+
+def check_decided(out: Outcome | Rejected) -> Outcome:
+    assert isinstance(out, Outcome), out
+    assert validate("decision", out.decision) == []
+    return out
+
+
+def rejects_then_goes_on(
+    rng: random.Random, bad: bytes, reason: Reason, detail: str = "", cfg: EngineConfig = CFG
+) -> Rejected:
+    """``bad`` is rejected for ``reason``, and a good page after it is decided."""
+    bad_out, good_out = run([bad, good_line(rng, "https://ok.example.cn/next")], cfg)
+    check_decided(good_out)
+    return check_rejected(bad_out, reason, detail)
+
+
+def decided_then_goes_on(rng: random.Random, page: bytes, cfg: EngineConfig = CFG) -> Outcome:
+    out, good_out = run([page, good_line(rng, "https://ok.example.cn/next")], cfg)
+    check_decided(good_out)
+    return check_decided(out)
+
+
+# ---------------------------------------------------------------- not JSON, wrong fields
+
+
+@pytest.mark.parametrize(
+    ("bad", "detail"),
+    [
+        (b"{not json", ""),
+        (b"hello world", ""),
+        (b'{"url": "https://a.example.cn/t", "html": "<p>cut', "unexpected end"),
+        (b"\xff\xfe{\x00", "not valid UTF-8"),
+        (b'{"url": NaN}', ""),
+        (b"[" * 5000 + b"]" * 5000, ""),
+    ],
+    ids=["garbage", "words", "truncated", "not-utf8", "nan", "deep-json"],
+)
+def test_not_json(rng: random.Random, bad: bytes, detail: str) -> None:
+    rejects_then_goes_on(rng, bad, Reason.BAD_JSON, detail)
+
+
+def test_truncated_json_keeps_its_url_for_the_dead_letter(rng: random.Random) -> None:
+    whole = good_line(rng, "https://a.example.cn/cut")
+    out = rejects_then_goes_on(rng, whole[: len(whole) // 2], Reason.BAD_JSON)
+    assert out.url == "https://a.example.cn/cut" and out.page_id is not None
+
+
+_OK = {"url": "https://a.example.cn/f", "fetched_at": "2026-03-01T00:00:00Z",
+       "content_type": "text/html"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("msg", "detail"),
+    [
+        ([1, 2], "expected object"),
+        ({**_OK, "html": "<p>x</p>", "url": None}, "url"),
+        ({k: v for k, v in _OK.items() if k != "url"} | {"html": "x"}, "'url'"),
+        ({k: v for k, v in _OK.items() if k != "fetched_at"} | {"html": "x"}, "'fetched_at'"),
+        ({**_OK, "html": "x", "fetched_at": "yesterday"}, "date-time"),
+        ({**_OK, "html": "x", "fetched_at": "2026-02-30T00:00:00Z"}, "date-time"),
+        ({**_OK, "html": "x", "content_type": 5}, "content_type"),
+        ({**_OK, "html": ["<p>x</p>"]}, "html"),
+        ({**_OK, "html": "x", "page_id": ""}, "page_id"),
+        ({**_OK, "html": "x", "page_id": 7}, "page_id"),
+        ({**_OK, "html": "x", "site": {"a": 1}}, "site"),
+        ({**_OK, "html": "<p>x</p>", "body_b64": "eA=="}, "exactly one of"),
+        (dict(_OK), "exactly one of"),
+    ],
+    ids=[
+        "array", "null-url", "no-url", "no-fetched_at", "bad-time", "no-such-day",
+        "int-content_type", "html-list", "empty-page_id", "int-page_id", "object-site",
+        "both-bodies", "no-body",
+    ],
+)  # fmt: skip
+def test_missing_and_mistyped_fields(rng: random.Random, msg: object, detail: str) -> None:
+    out = rejects_then_goes_on(rng, line(msg), Reason.SCHEMA, detail)  # type: ignore[arg-type]
+    if isinstance(msg, dict) and isinstance(msg.get("url"), str):
+        assert out.url == msg["url"]
+
+
+@pytest.mark.parametrize(
+    "encoded", ["!!!not base64", "eA=", "eA==\n", "e A==", "eA==eA=="], ids=str.strip
+)
+def test_invalid_base64(rng: random.Random, encoded: str) -> None:
+    bad = line(message("https://a.example.cn/b", None, body_b64=encoded))
+    rejects_then_goes_on(rng, bad, Reason.BAD_BASE64)
+
+
+# ---------------------------------------------------------------------------- charsets
+
+
+TRADITIONAL = "今天天氣很好，我們去公園散步。公園裡的花開了，孩子們在草地上奔跑，老人們在樹下下棋。"
+
+
+def _body_text(out: Outcome | Rejected, engine_text: str) -> None:
+    assert isinstance(out, Outcome)
+    assert out.decision["title"].startswith(engine_text)
+
+
+@pytest.mark.parametrize(
+    ("codec", "label", "chosen"),
+    [
+        ("gbk", "text/html; charset=utf-8", "gb18030"),
+        ("big5", "text/html; charset=gb2312", "big5hkscs"),
+        ("gbk", "text/html", "gb18030"),
+        ("big5", "text/html; charset=x-no-such-charset", "big5hkscs"),
+        ("utf-8", "text/html; charset=gbk", "utf-8"),
+    ],
+    ids=["gbk-as-utf8", "big5-as-gb2312", "gbk-unlabelled", "big5-unknown-label", "utf8-as-gbk"],
+)
+def test_wrong_or_absent_charset_decodes(
+    rng: random.Random, codec: str, label: str, chosen: str
+) -> None:
+    title, paras = "地铁新线开通", inputs.article(rng)
+    if codec == "big5":  # Big5 holds traditional characters
+        title, paras = "地鐵新線開通", [TRADITIONAL] * 5
+    html = page_html(paras, title, charset="utf-8")
+    raw = RawPage("p", "https://a.example.cn/c", "2026-03-01T00:00:00Z", label,
+                  html.encode(codec))  # fmt: skip
+    decoded = decode(raw)
+    assert isinstance(decoded, Decoded) and decoded.charset == chosen, decoded
+    assert decoded.html == html
+    msg = b64_message("https://a.example.cn/c", raw.body, label)  # type: ignore[arg-type]
+    _body_text(decided_then_goes_on(rng, line(msg)), title)
+
+
+@pytest.mark.parametrize("other", ["gbk", "big5"])
+def test_mixed_encodings_in_one_page_decode_run_by_run(rng: random.Random, other: str) -> None:
+    """A UTF-8 template around paragraphs pasted in from a GBK (or Big5) page."""
+    paras = inputs.article(rng, 6) if other == "gbk" else [TRADITIONAL] * 6
+    head = ("<html><head><title>混合编码</title></head><body><div class='content'>"
+            + "".join(f"<p>{p}</p>" for p in paras[:2])).encode()  # fmt: skip
+    tail = ("".join(f"<p>{p}</p>" for p in paras[2:]) + "</div></body></html>").encode(other)
+    raw = RawPage("p", "https://a.example.cn/m", "2026-03-01T00:00:00Z", "text/html", head + tail)
+    decoded = decode(raw)
+    assert isinstance(decoded, Decoded) and decoded.layer == "mixed", decoded
+    assert all(p in decoded.html for p in paras)
+    out = decided_then_goes_on(rng, line(b64_message("https://a.example.cn/m", head + tail)))
+    assert out.decision["text_chars"] >= sum(map(len, paras)) * 0.9
+
+
+def test_bytes_in_no_charset_are_rejected(rng: random.Random) -> None:
+    """Random high bytes: no Chinese codec reads them, and what a single-byte codec makes
+    of them is no text."""
+    noise = bytes(random.Random(1).randrange(0x80, 0x100) for _ in range(20_000))
+    bad = line(b64_message("https://a.example.cn/n", b"<html><body><p>" + noise))
+    out, good = run([bad, good_line(rng, "https://ok.example.cn/next")])
+    check_decided(good)
+    assert isinstance(out, Rejected) and out.reason in (Reason.DECODE, Reason.NO_TEXT), out
+
+
+# ---------------------------------------------------------------------------- not HTML
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "detail"),
+    [
+        (inputs.PDF, "application/pdf", "PDF"),
+        (inputs.PDF, "text/html", "PDF"),
+        (inputs.PNG, "text/html", "PNG"),
+        (inputs.gzip_body("<html><body><p>压缩</p></body></html>"), "text/html", "gzip"),
+        (b"<html><body><p>not an image</p></body></html>", "image/jpeg", "image/jpeg"),
+    ],
+    ids=["pdf", "pdf-labelled-html", "png", "gzip", "html-labelled-jpeg"],
+)
+def test_non_html_bodies(rng: random.Random, body: bytes, content_type: str, detail: str) -> None:
+    bad = line(b64_message("https://a.example.cn/x", body, content_type))
+    rejects_then_goes_on(rng, bad, Reason.NOT_HTML, detail)
+
+
+# ------------------------------------------------------------------- empty, no main text
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        message("https://a.example.cn/e", ""),
+        message("https://a.example.cn/e", "   \n\t  "),
+        b64_message("https://a.example.cn/e", b""),
+        message("https://a.example.cn/e", "<html><head><title>空</title></head><body></body></html>"),
+        message("https://a.example.cn/e", '<html><body><ul><li><a href="/1">首页</a></li>'
+                '<li><a href="/2">新闻</a></li><li><a href="/3">关于我们</a></li></ul></body></html>'),
+        message("https://a.example.cn/e", "<html><body><script>var a='很长的脚本，不是正文。'"
+                ".repeat(100);</script><style>p{}</style></body></html>"),
+    ],
+    ids=["empty", "whitespace", "empty-bytes", "empty-body", "only-links", "only-script"],
+)  # fmt: skip
+def test_empty_pages_and_pages_without_main_text(
+    rng: random.Random, msg: dict[str, object]
+) -> None:
+    rejects_then_goes_on(rng, line(msg), Reason.NO_TEXT)
+
+
+def test_copyright_footer_alone_is_no_text(rng: random.Random) -> None:
+    footer = (
+        "<html><body><div class='foot'><p>Copyright © 2026 城市新闻网 版权所有 未经授权禁止转载</p>"
+        "<p>本网站所刊登的信息，未经协议授权，禁止下载使用。</p><p>责任编辑：王小明</p></div></body></html>"
+    )
+    rejects_then_goes_on(rng, line(message("https://a.example.cn/f", footer)), Reason.NO_TEXT)
+
+
+# ------------------------------------------------------------------------- oversized
+
+
+def test_oversized_bodies_are_refused_before_parsing(rng: random.Random) -> None:
+    cfg = CFG.with_overrides(max_bytes=64 * 1024)
+    big = page_html(inputs.article(rng, 400))
+    assert len(big.encode()) > cfg.max_bytes
+    out = rejects_then_goes_on(
+        rng, line(message("https://a.example.cn/big", big)), Reason.TOO_LARGE, "over", cfg
+    )
+    assert out.url == "https://a.example.cn/big"
+    as_bytes = line(b64_message("https://a.example.cn/big", big.encode()))
+    rejects_then_goes_on(rng, as_bytes, Reason.TOO_LARGE, "over", cfg)
+
+
+def test_the_default_body_cap_holds_and_costs_no_parse(rng: random.Random) -> None:
+    assert CFG.max_bytes == 5 * 1024 * 1024
+    huge = "<html><body>" + "<p>很长的正文，</p>" * (CFG.max_bytes // 20)
+    t0 = time.perf_counter()
+    rejects_then_goes_on(rng, line(message("https://a.example.cn/5m", huge)), Reason.TOO_LARGE)
+    assert time.perf_counter() - t0 < 5  # measured 0.3 s: refused without being parsed
+
+
+def test_a_page_built_by_hand_is_capped_too() -> None:
+    """The cap holds for a RawPage from any source, not only from parse_raw."""
+    cfg = CFG.with_overrides(max_bytes=2048, extract_timeout_s=0.0)
+    raw = RawPage("p", "https://a.example.cn/h", "2026-03-01T00:00:00Z", "text/html", "中" * 1000)
+    out = Engine(MemoryKV(), cfg).process(raw)
+    check_rejected(out, Reason.TOO_LARGE, "over 2048 bytes")
+
+
+def test_main_text_over_the_text_cap_is_too_large(rng: random.Random) -> None:
+    cfg = CFG.with_overrides(max_text_chars=2_000)
+    long_page = page_html(inputs.article(rng, 60))
+    rejects_then_goes_on(
+        rng, line(message("https://a.example.cn/t", long_page)), Reason.TOO_LARGE, "characters", cfg
+    )
+
+
+# ------------------------------------------------------------------- pathological HTML
+
+
+@pytest.mark.parametrize("tag", ["div", "span", "b", "table", "a"])
+def test_100000_levels_of_nesting(rng: random.Random, tag: str) -> None:
+    html = inputs.deep_nesting(tag, 100_000)
+    t0 = time.perf_counter()
+    rejects_then_goes_on(rng, line(message("https://a.example.cn/d", html)), Reason.TOO_LARGE)
+    assert time.perf_counter() - t0 < 3  # refused by the depth estimate, before parsing
+
+
+def test_one_megabyte_without_a_tag_is_read_as_text(rng: random.Random) -> None:
+    out = decided_then_goes_on(rng, line(message("https://a.example.cn/t", inputs.no_tags())))
+    assert out.decision["text_chars"] > 100_000
+
+
+# (count, element, reason); the pages are built in the test, not at collection
+@pytest.mark.parametrize(
+    ("count", "element", "reason"),
+    [
+        (600_000, "<i>x</i>", Reason.NO_TEXT),  # 4.8 MB: just under the cap
+        (1_200_000, "<br>", Reason.NO_TEXT),
+        (1_500_000, "<i>", Reason.TOO_LARGE),  # each one left open: the depth estimate
+    ],
+    ids=["closed", "void", "unclosed"],
+)
+def test_millions_of_tiny_elements(
+    rng: random.Random, count: int, element: str, reason: Reason
+) -> None:
+    html = inputs.tiny_elements(count, element)
+    rejects_then_goes_on(rng, line(message("https://a.example.cn/t", html)), reason)
+
+
+def test_entity_flood(rng: random.Random) -> None:
+    out, good = run([line(message("https://a.example.cn/e", inputs.entity_flood())),
+                     good_line(rng, "https://ok.example.cn/next")])  # fmt: skip
+    check_decided(good)
+    # "中" and "あ" repeated: text, but one word; or the page is too long to be a page
+    assert isinstance(out, Rejected) and out.reason in (Reason.NO_TEXT, Reason.TOO_LARGE), out
+
+
+@pytest.mark.parametrize("closed", [True, False], ids=["closed", "unclosed"])
+def test_cdata_flood(rng: random.Random, closed: bool) -> None:
+    """HTML has no CDATA outside SVG and MathML: each is a bogus comment, and "]]>" is
+    text, a million characters of it here: too long, or no words."""
+    html = inputs.cdata_flood(300_000) if closed else "<p>" + "<![CDATA[" * 500_000
+    out, good = run([line(message("https://a.example.cn/c", html)),
+                     good_line(rng, "https://ok.example.cn/next")])  # fmt: skip
+    check_decided(good)
+    assert isinstance(out, Rejected) and out.reason in (Reason.NO_TEXT, Reason.TOO_LARGE), out
+
+
+def test_attribute_flood_is_stopped_by_the_time_limit(rng: random.Random) -> None:
+    """One element with 300,000 attributes: lexbor takes minutes (quadratic), the sandbox
+    kills the worker at the limit, the page is counted as a timeout, and the next page
+    gets a new worker."""
+    cfg = CFG.with_overrides(extract_timeout_s=1.0)
+    engine = Engine(MemoryKV(), cfg)
+    flood = line(message("https://a.example.cn/a", inputs.attribute_flood(300_000)))
+    t0 = time.perf_counter()
+    out = engine.process(parse_raw(flood, cfg.max_bytes))
+    assert time.perf_counter() - t0 < 5
+    check_rejected(out, Reason.TIMEOUT, "more than 1.0 s")
+    assert out.url == "https://a.example.cn/a"
+    check_decided(
+        engine.process(parse_raw(good_line(rng, "https://ok.example.cn/n"), cfg.max_bytes))
+    )
+    engine.close()
+    assert engine.stats.rejects == {"timeout": 1}
+    assert engine.sandbox is not None and engine.sandbox.starts == 2
+
+
+@pytest.fixture(scope="module")
+def entity_server() -> Iterator[tuple[str, list[str]]]:
+    """A local HTTP server that counts requests: an external entity must never reach it."""
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'<!ENTITY fromdtd "EXTERNAL-DTD-WAS-LOADED">')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", hits
+    server.shutdown()
+
+
+@pytest.mark.parametrize("extractor", sorted(set(EXTRACTORS) - {"fast"}))
+@pytest.mark.parametrize("content_type", ["text/html", "application/xhtml+xml"])
+def test_doctype_entities_are_never_expanded_nor_fetched(
+    entity_server: tuple[str, list[str]], extractor: str, content_type: str
+) -> None:
+    """Billion laughs and external entities, through every extractor: lexbor and lxml's
+    HTML parser (trafilatura) read a DOCTYPE's internal subset as nothing."""
+    base, hits = entity_server
+    for html in (inputs.billion_laughs(), inputs.external_entities(base)):
+        raw = RawPage("p", "https://a.example.cn/x", "2026-03-01T00:00:00Z", content_type,
+                      html.encode())  # fmt: skip
+        decoded = decode(raw)
+        assert isinstance(decoded, Decoded)
+        t0 = time.perf_counter()
+        out = extract(decoded, extractor)
+        assert time.perf_counter() - t0 < 2
+        text = out.text if isinstance(out, Extracted) else ""
+        assert len(text) < 1000 and "lollol" not in text
+        assert "root:" not in text and "EXTERNAL-DTD" not in text
+    assert hits == []
+
+
+def test_xml_pages_through_the_engine(
+    rng: random.Random, entity_server: tuple[str, list[str]]
+) -> None:
+    base, hits = entity_server
+    for html in (inputs.billion_laughs(), inputs.external_entities(base)):
+        msg = message("https://a.example.cn/x", html, content_type="application/xhtml+xml")
+        out, good = run([line(msg), good_line(rng, "https://ok.example.cn/next")])
+        check_decided(good)
+        if isinstance(out, Outcome):
+            assert out.decision["text_chars"] < 1000
+    assert hits == []
+
+
+# --------------------------------------------------------------------------- boilerplate
+
+# A site's standing text: long enough that the noise filter keeps it, as text a crawler
+# finds alone on "about", error and login pages and at the foot of every article.
+BOILERPLATE = [
+    "本网站由城市新闻中心主办，致力于为广大读者提供及时、准确、权威的本地新闻资讯服务。",
+    "联系地址：城市新闻大厦十八层。联系电话：一二三四五六七八。欢迎广大读者来信来稿，我们将认真对待每一份意见。",
+    "城市新闻网是经国家有关部门批准设立的综合性新闻网站，坚持正确舆论导向，传播主流声音。",
+    "网站开设了时政、社会、经济、文化、体育、健康等多个频道，每日更新新闻数百条，服务本地读者。",
+    "我们欢迎社会各界人士提供新闻线索，一经采用将给予适当奖励。我们承诺对线索提供者的个人信息严格保密。",
+    "本站部分图片和文字来源于网络，如有侵权请及时联系我们，我们将在核实后第一时间予以处理。",
+    "读者服务热线每天上午九点至下午五点开通，节假日照常值班，为广大读者答疑解惑，提供帮助。",
+]  # fmt: skip
+
+
+def _clusters(rng: random.Random, pages: Sequence[tuple[str, str, list[str]]]) -> dict[str, str]:
+    """Run (name, host, paragraphs) pages in order; each name's final cluster."""
+    engine = Engine(MemoryKV(), IN_PROCESS)
+    ids = {}
+    for name, host, paras in pages:
+        out = engine.process(parse_raw(line(message(f"https://{host}/{name}",
+                                                    page_html(paras, name))), CFG.max_bytes))  # fmt: skip
+        ids[name] = check_decided(out).decision["page_id"]
+    return {name: engine.cluster_of(pid) for name, pid in ids.items()}
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations("xyp")), ids="".join)
+@pytest.mark.parametrize("hosts", ["same", "different"])
+def test_boilerplate_only_page_does_not_bridge_unrelated_articles(
+    rng: random.Random, order: tuple[str, ...], hosts: str
+) -> None:
+    """x and y: unrelated articles that both end in the site's boilerplate; p: the
+    boilerplate alone. In any order, x and y must stay apart (before the fix, p joined
+    both: "contained" in each, or each "contains" p)."""
+    x, y = inputs.article(rng) + BOILERPLATE, inputs.article(rng) + BOILERPLATE
+    host = {"x": "a.example.cn", "y": "a.example.cn" if hosts == "same" else "b.example.cn",
+            "p": "a.example.cn" if hosts == "same" else "c.example.cn"}  # fmt: skip
+    paras = {"x": x, "y": y, "p": BOILERPLATE}
+    clusters = _clusters(rng, [(n, host[n], paras[n]) for n in order])
+    assert clusters["x"] != clusters["y"], clusters
+
+
+def test_boilerplate_only_page_after_the_template_is_learnt(rng: random.Random) -> None:
+    """Once a host's template is learnt, a page with nothing but template is decided
+    unique and kept out of the index: it joins nothing, and nothing joins through it."""
+    engine = Engine(MemoryKV(), IN_PROCESS)
+    names = []
+    for i in range(CFG.template_min_df + 4):
+        msg = message(f"https://a.example.cn/{i}", page_html(inputs.article(rng) + BOILERPLATE))
+        names.append(check_decided(engine.process(parse_raw(line(msg), CFG.max_bytes))))
+    only = message("https://a.example.cn/about", page_html(BOILERPLATE, "关于我们"))
+    out = check_decided(engine.process(parse_raw(line(only), CFG.max_bytes)))
+    assert out.decision["decision"] == "unique" and engine.stats.template_only == 1
+    assert out.merges == ()
+    later = message("https://a.example.cn/late", page_html(inputs.article(rng) + BOILERPLATE))
+    late = check_decided(engine.process(parse_raw(line(later), CFG.max_bytes)))
+    assert late.decision["decision"] == "unique"
+    clusters = {engine.cluster_of(o.decision["page_id"]) for o in [*names, out, late]}
+    assert len(clusters) == len(names) + 2  # every page its own cluster
+
+
+def test_identical_boilerplate_only_pages_are_duplicates_of_each_other(
+    rng: random.Random,
+) -> None:
+    """Two pages with the same boilerplate and nothing else carry the same text: they are
+    duplicates (of each other only: see the bridging test)."""
+    clusters = _clusters(rng, [("p1", "a.example.cn", BOILERPLATE),
+                               ("p2", "c.example.cn", BOILERPLATE)])  # fmt: skip
+    assert clusters["p1"] == clusters["p2"]
+
+
+# ---------------------------------------------------------------- duplicate page ids
+
+
+def test_same_page_id_same_content_is_a_plain_repeat(rng: random.Random) -> None:
+    msg = line(message("https://a.example.cn/1", page_html(inputs.article(rng)), page_id="id-1"))
+    first, again = run([msg, msg])
+    assert isinstance(first, Outcome) and isinstance(again, Outcome)
+    assert again.repeated and not again.conflict and again.decision == first.decision
+
+
+def test_same_page_id_other_content_keeps_the_first_decision_and_counts_a_conflict(
+    rng: random.Random, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = Engine(MemoryKV(), CFG)
+    one = line(message("https://a.example.cn/1", page_html(inputs.article(rng)), page_id="id-1"))
+    two = line(message("https://a.example.cn/2", page_html(inputs.article(rng)), page_id="id-1"))
+    first = check_decided(engine.process(parse_raw(one, CFG.max_bytes)))
+    second = check_decided(engine.process(parse_raw(two, CFG.max_bytes)))
+    again = check_decided(engine.process(parse_raw(one, CFG.max_bytes)))
+    engine.close()
+    assert second.repeated and second.conflict and second.decision == first.decision
+    assert again.repeated and not again.conflict
+    assert engine.stats.conflicts == 1 and engine.stats.repeated == 2
+    assert sum(engine.stats.decisions.values()) == 1
+    assert "id-1 came again with other content" in caplog.text
+
+
+def test_a_page_id_whose_first_message_was_rejected_is_decided_later(
+    rng: random.Random,
+) -> None:
+    bad = line(message("https://a.example.cn/1", "", page_id="id-1"))
+    good = line(message("https://a.example.cn/1", page_html(inputs.article(rng)), page_id="id-1"))
+    first, second = run([bad, good])
+    check_rejected(first, Reason.NO_TEXT)
+    assert not check_decided(second).repeated
+
+
+# ----------------------------------------------------------------------------- sandbox
+
+
+def _page(html: str, page_id: str = "p") -> RawPage:
+    return RawPage(page_id, f"https://a.example.cn/{page_id}", "2026-03-01T00:00:00Z",
+                   "text/html", html)  # fmt: skip
+
+
+def test_sandbox_decides_like_the_engine_in_process(rng: random.Random) -> None:
+    pages = [_page(page_html(inputs.article(rng)), f"p{i}") for i in range(5)]
+    pages.append(_page(inputs.deep_nesting("div", 20_000), "deep"))
+    pages.append(_page("", "empty"))
+    with Sandbox(CFG) as sandbox:
+        for page in pages:
+            boxed = sandbox.analyse(page)
+            expect = analyse(page, IN_PROCESS)
+            if isinstance(expect, Rejected):
+                assert isinstance(boxed, Rejected) and boxed.reason is expect.reason
+                assert boxed.detail == expect.detail
+            else:
+                assert boxed == expect and boxed.page is page
+
+
+def test_sandbox_carries_any_string(rng: random.Random) -> None:
+    """A body with a lone surrogate (a hand-built RawPage may hold one) crosses the pipe
+    unchanged and is analysed as in this process."""
+    page = RawPage("id-1", "https://a.example.cn/s", "2026-03-01T00:00:00Z", "text/html",
+                   page_html(inputs.article(rng)) + "\ud800")  # fmt: skip
+    with Sandbox(CFG) as sandbox:
+        boxed = sandbox.analyse(page)
+    assert isinstance(boxed, Analysed) and boxed == analyse(page, IN_PROCESS)
+
+
+@pytest.mark.parametrize("field", ["page_id", "url", "site", "fetched_at"])
+@pytest.mark.parametrize("cfg", [CFG, IN_PROCESS], ids=["sandbox", "in-process"])
+def test_a_lone_surrogate_in_a_field_is_refused(
+    rng: random.Random, field: str, cfg: EngineConfig
+) -> None:
+    """mmh3 crashes the process on a lone surrogate (found by the sandbox tests: it
+    hashes the page id and the host); the engine refuses such a page first, and its dead
+    letter is writable."""
+    page = dataclasses.replace(_page(page_html(inputs.article(rng)), "id-1"), **{field: "x\ud800"})
+    engine = Engine(MemoryKV(), cfg)
+    out = check_rejected(engine.process(page), Reason.SCHEMA, "lone surrogate")
+    json.dumps(out.to_json(), ensure_ascii=False).encode("utf-8")
+    good = parse_raw(good_line(rng, "https://ok.example.cn/n"), cfg.max_bytes)
+    check_decided(engine.process(good))
+    engine.close()
+
+
+def test_sandbox_memory_limit(rng: random.Random) -> None:
+    """A page that needs more than ``extract_max_mb`` is too_large; the worker retires."""
+    cfg = CFG.with_overrides(extract_max_mb=64)
+    with Sandbox(cfg) as sandbox:
+        out = sandbox.analyse(_page(inputs.tiny_elements(1_200_000, "<p>x"), "big"))
+        check_rejected(out, Reason.TOO_LARGE, "more than 64 MiB")
+        assert not isinstance(sandbox.analyse(_page(page_html(inputs.article(rng)))), Rejected)
+        assert sandbox.starts == 2
+
+
+def test_sandbox_worker_killed_mid_page_costs_that_page_only(rng: random.Random) -> None:
+    with Sandbox(CFG) as sandbox:
+        sandbox.analyse(_page(page_html(inputs.article(rng))))
+        worker = sandbox._worker
+        assert worker is not None
+        threading.Timer(0.3, os.kill, (worker.pid, signal.SIGSEGV)).start()
+        out = sandbox.analyse(_page(inputs.attribute_flood(300_000), "slow"))
+        check_rejected(out, Reason.INTERNAL, "killed by SIGSEGV")
+        assert not isinstance(sandbox.analyse(_page(page_html(inputs.article(rng)))), Rejected)
+
+
+def test_sandbox_worker_gone_while_idle_is_replaced(rng: random.Random) -> None:
+    with Sandbox(CFG) as sandbox:
+        sandbox.analyse(_page(page_html(inputs.article(rng))))
+        assert sandbox._worker is not None
+        os.kill(sandbox._worker.pid, signal.SIGKILL)
+        time.sleep(0.05)  # let it die: the next write must find the pipe broken
+        assert not isinstance(sandbox.analyse(_page(page_html(inputs.article(rng)))), Rejected)
+        assert sandbox.starts == 2
+
+
+def test_sandbox_worker_holds_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker reads hostile pages: it must not hold the broker password. (The zygote
+    is started with its environment filtered, so a fresh one is needed here.)"""
+    from worker import sandbox as sandbox_module
+
+    monkeypatch.setenv("NEARDUP_SASL_PASSWORD", "hunter2-secret")
+    sandbox_module._Shared.shutdown()
+    with Sandbox(CFG) as sandbox:
+        sandbox.analyse(_page("<p>x</p>"))
+        assert sandbox._worker is not None
+        environ = Path(f"/proc/{sandbox._worker.pid}/environ").read_bytes()
+    sandbox_module._Shared.shutdown()
+    assert b"hunter2-secret" not in environ and b"NEARDUP_" not in environ
+
+
+def test_sandbox_in_a_forked_process_starts_its_own(rng: random.Random) -> None:
+    """A process forked after a sandbox started gets its own zygote and leaves the
+    parent's worker alone."""
+    with Sandbox(CFG) as sandbox:
+        assert isinstance(sandbox.analyse(_page(page_html(inputs.article(rng)))), Analysed)
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                with Sandbox(CFG) as its_own:
+                    out = its_own.analyse(_page(page_html(inputs.article(rng))))
+                    code = 0 if isinstance(out, Analysed) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert isinstance(sandbox.analyse(_page(page_html(inputs.article(rng)))), Analysed)
+        assert sandbox.starts == 1
+
+
+def test_sandbox_close_leaves_no_worker(rng: random.Random) -> None:
+    sandbox = Sandbox(CFG)
+    sandbox.analyse(_page(page_html(inputs.article(rng))))
+    assert sandbox._worker is not None
+    pid = sandbox._worker.pid
+    sandbox.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+# ------------------------------------------------------------------ neardup dedup, whole
+
+
+def test_neardup_dedup_keeps_going_over_every_bad_input(
+    tmp_path: Path, rng: random.Random, entity_server: tuple[str, list[str]]
+) -> None:
+    """One file with a bad line before every good one: every line gets exactly one
+    decision or one rejection, in order, and the command finishes."""
+    bad = [
+        b"{not json",
+        good_line(rng, "https://a.example.cn/cut")[:100],
+        line(dict(_OK)),
+        line(message("https://a.example.cn/b", None, body_b64="!!!")),
+        line(b64_message("https://a.example.cn/pdf", inputs.PDF, "application/pdf")),
+        line(b64_message("https://a.example.cn/gz", inputs.gzip_body("<p>x</p>"))),
+        line(message("https://a.example.cn/empty", "")),
+        line(message("https://a.example.cn/deep", inputs.deep_nesting("div", 100_000))),
+        line(message("https://a.example.cn/xxe", inputs.external_entities(entity_server[0]))),
+    ]
+    lines = [x for b in bad for x in (b, good_line(rng, f"https://ok.example.cn/{len(b)}"))]
+    src = tmp_path / "pages.jsonl"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    out, rejects = tmp_path / "out.jsonl", tmp_path / "rejects.jsonl"
+    code = cli.main(["dedup", str(src), "--out", str(out), "--rejects", str(rejects), "-q"])
+    assert code == cli.EXIT_REJECTED
+    decided = out.read_text().splitlines()
+    rejected = rejects.read_text().splitlines()
+    assert len(decided) + len(rejected) == len(lines)
+    assert len(decided) >= len(bad)  # every good page, and the XHTML one may be decided
+    reasons = [json.loads(r)["reason"] for r in rejected]
+    assert reasons[:8] == ["bad_json", "bad_json", "schema", "bad_base64", "not_html",
+                           "not_html", "no_text", "too_large"]  # fmt: skip
+    assert entity_server[1] == []

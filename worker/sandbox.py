@@ -1,0 +1,657 @@
+"""Bounded analysis: ``analyse`` in a child process, with a time and a memory limit.
+
+One hostile page (an attribute flood that lexbor parses in quadratic time, a text that
+takes seconds to segment, a parser bug that loops) must not hold a partition past the
+consumer's poll interval, nor take the worker's memory. As datatrove's ``ExtractorSandbox``
+does, a persistent worker process analyses the pages the parent sends it through a pipe:
+
+* the parent waits at most ``extract_timeout_s`` for the answer; past that the worker is
+  killed and the page rejected as ``timeout``;
+* the worker runs under an RLIMIT_AS of its idle size plus ``extract_max_mb``; a page that
+  needs more is rejected as ``too_large``, and the worker, its heap now fragmented, retires;
+* a worker that dies on a page (a crash in a C parser, the OOM killer) costs that page an
+  ``internal`` rejection;
+
+and the next page gets a new worker. Workers are forked from a zygote, a process that
+imported the engine and loaded the segmenter's dictionary once (about 1.5 s), so a new
+worker costs milliseconds and shares those 200 MB with it, copy-on-write::
+
+    parent ── control socket: spawn, reap ──▶ zygote (single-threaded, warm)
+      │  ◀── the worker's two pipe ends ────────┘ fork
+      └──── page frames ─▶ worker ─▶ result frames ───▶ parent
+
+The parent is not forked itself: it may hold threads (RocksDB, the Kafka client) whose
+locks a forked copy would inherit held, and sockets it would keep open. The zygote is one
+per parent process, shared by every ``Sandbox``: it holds imported modules, never a page
+or a decision, so no decision depends on which sandbox ran it.
+
+Workers are a resource boundary, not a security boundary: they run as the same user. They
+get a minimal environment all the same (no broker credentials), and the parent reads
+nothing from them but JSON and raw byte strings, never a pickle, so a worker subverted by
+a page cannot make the parent run code through the pipe.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import dataclasses
+import faulthandler
+import fcntl
+import gc
+import json
+import logging
+import os
+import resource
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from worker.config import EngineConfig
+from worker.engine import STAGES, Analysed, Stats, analyse, refuse_unencodable
+from worker.fingerprint import Fingerprints
+from worker.records import RawPage, Reason, Rejected
+
+log = logging.getLogger(__name__)
+
+#: Seconds the zygote may take to import the engine and load the segmenter's dictionary.
+START_TIMEOUT_S = 120.0
+#: A worker whose memory grew past its idle size by this share of the memory limit retires
+#: after the page: memory once taken is not given back to the system.
+RETIRE_SHARE = 0.5
+#: Pipe buffer asked for (Linux caps it at /proc/sys/fs/pipe-max-size, 1 MiB by default).
+PIPE_BYTES = 1 << 20
+
+# A frame: two big-endian lengths, then a JSON header and a byte payload of those lengths.
+_FRAME = struct.Struct(">II")
+_CHUNK = 1 << 20
+_CONTROL_BYTES = 1 << 16  # one control message (a config, a pid, an exit status)
+# Environment the zygote keeps: nothing a page could leak (broker credentials live in
+# NEARDUP_* variables), only what Python, numpy and jieba need.
+_ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "PYTHONHASHSEED")
+_WARMUP = RawPage(
+    "warmup",
+    "http://warmup.invalid/",
+    "2000-01-01T00:00:00Z",
+    "text/html",
+    "<html><head><title>预热</title></head><body><article><p>今天天气很好，我们去公园散步。"
+    "公园里的花开了，孩子们在草地上奔跑。</p></article></body></html>",
+)
+
+
+class SandboxError(RuntimeError):
+    """The sandbox cannot run at all (no zygote or worker starts): a fault of the host."""
+
+
+class _DeadlineError(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------- the wire
+
+
+def _dumps(obj: object) -> bytes:
+    # json, not orjson: its ASCII escapes carry a lone surrogate (a hand-built page's URL
+    # may hold one) both ways, where orjson refuses it; 30 us a page, a tenth of the pipe.
+    return json.dumps(obj).encode()
+
+
+def _frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    head = _dumps(header)
+    return _FRAME.pack(len(head), len(payload)) + head + payload
+
+
+def _page_frame(page: RawPage) -> bytes:
+    body: bytes
+    text = isinstance(page.body, str)
+    if isinstance(page.body, str):
+        try:
+            body = page.body.encode("utf-8")
+        except UnicodeEncodeError:  # a JSON string's lone surrogate, for decode() to see
+            body = page.body.encode("utf-8", "surrogatepass")  # slower: only when needed
+    else:
+        body = page.body
+    header = {
+        "page_id": page.page_id,
+        "url": page.url,
+        "fetched_at": page.fetched_at,
+        "content_type": page.content_type,
+        "site": page.site,
+        "text": text,
+    }
+    return _frame(header, body)
+
+
+def _page_from(header: dict[str, Any], payload: bytes) -> RawPage:
+    body: str | bytes = payload.decode("utf-8", "surrogatepass") if header["text"] else payload
+    return RawPage(
+        header["page_id"],
+        header["url"],
+        header["fetched_at"],
+        header["content_type"],
+        body,
+        header["site"],
+    )
+
+
+def _result_frame(result: Analysed | Rejected, seconds: dict[str, float], retire: bool) -> bytes:
+    header: dict[str, Any] = {"seconds": seconds, "retire": retire}
+    if isinstance(result, Rejected):
+        header["rejected"] = {"reason": str(result.reason), "detail": result.detail}
+        return _frame(header)
+    blobs: list[bytes] = []
+    fps: dict[str, Any] = {}
+    for f in dataclasses.fields(Fingerprints):
+        value = getattr(result.fps, f.name)
+        if isinstance(value, bytes):
+            fps[f.name] = {"blob": len(value)}
+            blobs.append(value)
+        else:
+            fps[f.name] = value
+    header["analysed"] = {
+        f.name: getattr(result, f.name)
+        for f in dataclasses.fields(Analysed)
+        if f.name not in ("page", "fps")
+    }
+    header["fps"] = fps
+    return _frame(header, b"".join(blobs))
+
+
+def _result_from(header: dict[str, Any], payload: bytes, page: RawPage) -> Analysed | Rejected:
+    """The child's answer for ``page``; the page itself is the parent's own copy."""
+    if "rejected" in header:
+        rej = header["rejected"]
+        return Rejected(Reason(rej["reason"]), str(rej["detail"]), page.page_id, page.url)
+    fps: dict[str, Any] = {}
+    at = 0
+    for name, value in header["fps"].items():
+        if isinstance(value, dict):
+            size = int(value["blob"])
+            fps[name] = payload[at : at + size]
+            at += size
+        else:
+            fps[name] = tuple(value) if isinstance(value, list) else value
+    if at != len(payload):
+        raise ValueError("sandbox reply: payload does not match its header")
+    return Analysed(page=page, fps=Fingerprints(**fps), **header["analysed"])
+
+
+# ------------------------------------------------------------ blocking I/O, in the worker
+
+
+def _read_exact_blocking(fd: int, n: int) -> bytes:
+    chunks: list[bytes] = []
+    while n:
+        chunk = os.read(fd, min(n, _CHUNK))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_frame_blocking(fd: int) -> tuple[dict[str, Any], bytes]:
+    head_len, payload_len = _FRAME.unpack(_read_exact_blocking(fd, _FRAME.size))
+    header: dict[str, Any] = json.loads(_read_exact_blocking(fd, head_len))
+    return header, _read_exact_blocking(fd, payload_len)
+
+
+def _write_all_blocking(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view[:_CHUNK]) :]
+
+
+# ---------------------------------------------------------------------- the worker
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when its parent dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _vm_bytes() -> tuple[int, int]:
+    """(virtual size, resident size) of this process, in bytes."""
+    with open("/proc/self/statm", "rb") as fh:
+        size, resident = fh.read().split()[:2]
+    page = os.sysconf("SC_PAGE_SIZE")
+    return int(size) * page, int(resident) * page
+
+
+def _peak_bytes() -> int:
+    """The most address space this process has held (VmPeak), in bytes."""
+    with open("/proc/self/status", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"VmPeak:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _limit_memory(max_mb: int) -> int:
+    """Cap this process's address space at its current size plus ``max_mb`` MiB."""
+    if not max_mb:
+        return 0
+    limit = _vm_bytes()[0] + max_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return limit
+
+
+def _analyse_one(page: RawPage, cfg: EngineConfig, stats: Stats) -> Analysed | Rejected:
+    try:
+        return analyse(page, cfg, stats)
+    except MemoryError:
+        detail = f"analysis needed more than {cfg.extract_max_mb} MiB"
+        return Rejected(Reason.TOO_LARGE, detail, page.page_id, page.url)
+    except Exception as exc:  # a bug, not bad input: logged here, dead-lettered there
+        log.exception("analyse failed on page %s (%s)", page.page_id, page.url)
+        detail = f"{type(exc).__name__}: {exc}"[:500]
+        return Rejected(Reason.INTERNAL, detail, page.page_id, page.url)
+
+
+def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
+    """The worker's loop: page frames in, result frames out, until the pipe closes."""
+    limit = _limit_memory(cfg.extract_max_mb)
+    headroom = RETIRE_SHARE * cfg.extract_max_mb * 1024 * 1024
+    retire_rss = _vm_bytes()[1] + headroom
+    while True:
+        try:
+            header, payload = _read_frame_blocking(rfd)
+        except EOFError:
+            return
+        page = _page_from(header, payload)
+        stats = Stats()
+        result = _analyse_one(page, cfg, stats)
+        exhausted = bool(limit) and _peak_bytes() > limit - headroom
+        if (
+            isinstance(result, Rejected)
+            and result.reason is Reason.INTERNAL
+            and (exhausted or "MemoryError" in result.detail)
+        ):
+            # Extractors turn a MemoryError into a parser failure, and a C parser that
+            # cannot allocate reports "Can't parse HTML": near the limit, the failure is
+            # the page's size.
+            detail = f"analysis needed more than {cfg.extract_max_mb} MiB ({result.detail})"
+            result = Rejected(Reason.TOO_LARGE, detail[:500], page.page_id, page.url)
+            exhausted = True
+        retire = exhausted or (bool(limit) and _vm_bytes()[1] > retire_rss)
+        _write_all_blocking(wfd, _result_frame(result, stats.seconds, retire))
+        if retire:
+            return
+
+
+def _fork_worker(cfg: EngineConfig, ctl: socket.socket) -> tuple[int, list[int]]:
+    """Fork a worker; its pid and the parent's ends of its pipes (read, write)."""
+    req_r, req_w = os.pipe()  # pages: parent -> worker
+    rep_r, rep_w = os.pipe()  # results: worker -> parent
+    for fd in (req_w, rep_w):
+        # A page in one write, not sixteen 64 KiB ones that each wait for the other side
+        # to be scheduled: on a busy host those waits cost more than the copy.
+        with contextlib.suppress(OSError, AttributeError):
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    zygote = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the worker: never returns into the zygote's loop
+        code = 0
+        try:
+            ctl.close()
+            os.close(req_w)
+            os.close(rep_r)
+            _die_with_parent(zygote)
+            _serve(cfg, req_r, rep_w)
+        except BaseException:
+            log.exception("sandbox worker failed")
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(req_r)
+    os.close(rep_w)
+    return pid, [rep_r, req_w]
+
+
+def zygote_main() -> None:
+    """The zygote: warm up, then fork a worker or reap one on each control message,
+    until the parent goes away (its end of the control socket closes)."""
+    os.dup2(2, 1)  # a library's stray print goes to stderr, never into the parent's stdout
+    # Ctrl-C reaches the whole process group; the parent decides when the sandbox stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.enable()  # a crash in a C parser leaves a Python traceback in the log
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    ctl = socket.socket(fileno=int(sys.argv[1]))
+    analyse(_WARMUP, EngineConfig())  # imports, and the segmenter's dictionary
+    gc.freeze()  # the collector must not touch (and so copy) the shared objects in workers
+    ctl.send(_dumps({"ready": os.getpid()}))
+    workers: set[int] = set()
+    try:
+        while msg := ctl.recv(_CONTROL_BYTES):
+            request = json.loads(msg)
+            if "spawn" in request:
+                cfg = EngineConfig(**request["spawn"])
+                analyse(_WARMUP, cfg)  # another segmenter loads here, once, not in a page
+                pid, fds = _fork_worker(cfg, ctl)
+                workers.add(pid)
+                socket.send_fds(ctl, [_dumps({"pid": pid})], fds)
+                for fd in fds:
+                    os.close(fd)
+            elif "reap" in request:
+                pid = int(request["reap"])
+                _, status = os.waitpid(pid, 0)
+                workers.discard(pid)
+                ctl.send(_dumps({"code": os.waitstatus_to_exitcode(status)}))
+    except OSError:
+        pass  # the parent is gone
+    finally:
+        for pid in workers:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+
+
+# ---------------------------------------------------------------------- the parent
+
+
+def _zygote_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
+    # The zygote imports this package from where the parent did, installed or not.
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
+    # One thread each: a single-threaded zygote is safe to fork, and BLAS or OpenMP pools
+    # would reserve address space under RLIMIT_AS.
+    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+class _Zygote:
+    """The parent's handle on the zygote: spawn and reap workers, one request at a time."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "from worker.sandbox import zygote_main; zygote_main()",
+                 str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                env=_zygote_env(),
+            )  # fmt: skip
+        self.ctl = ours
+        self.lock = threading.Lock()
+        self.owner = os.getpid()
+        try:
+            self._request(None)
+        except (OSError, ValueError) as exc:
+            self.close()
+            raise SandboxError(f"the sandbox zygote did not start: {exc}") from exc
+
+    def _request(self, request: dict[str, Any] | None) -> tuple[dict[str, Any], list[int]]:
+        self.ctl.settimeout(START_TIMEOUT_S)
+        if request is not None:
+            self.ctl.send(_dumps(request))
+        msg, fds, _, _ = socket.recv_fds(self.ctl, _CONTROL_BYTES, 2)
+        if not msg:
+            raise EOFError("the sandbox zygote exited")
+        reply: dict[str, Any] = json.loads(msg)
+        return reply, fds
+
+    def spawn(self, cfg: EngineConfig) -> tuple[int, int, int]:
+        """A new worker for ``cfg``: its pid, and the parent's read and write ends."""
+        with self.lock:
+            reply, fds = self._request({"spawn": cfg.to_dict()})
+        if len(fds) != 2 or "pid" not in reply:
+            for fd in fds:
+                os.close(fd)
+            raise SandboxError(f"the sandbox zygote answered {reply} to spawn")
+        return int(reply["pid"]), fds[0], fds[1]
+
+    def reap(self, pid: int) -> int | None:
+        """Wait for a worker that was killed or told to stop; its exit code."""
+        with self.lock:
+            reply, _ = self._request({"reap": pid})
+        code = reply.get("code")
+        return int(code) if code is not None else None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if os.getpid() != self.owner:  # a forked copy: the zygote is the parent's
+            return
+        self.ctl.close()  # the zygote kills its workers and exits
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class _Shared:
+    """The one zygote of this process (see the module's docstring), started on first use."""
+
+    zygote: _Zygote | None = None
+    lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> _Zygote:
+        with cls.lock:
+            if cls.zygote is None or not cls.zygote.alive():
+                cls.zygote = _Zygote()
+            return cls.zygote
+
+    @classmethod
+    def shutdown(cls) -> None:
+        """Stop the zygote and wait for it, so that no process outlives this one."""
+        with cls.lock:
+            zygote, cls.zygote = cls.zygote, None
+        if zygote is not None:
+            with contextlib.suppress(OSError):
+                zygote.close()
+
+    @classmethod
+    def reset(cls, dead: _Zygote) -> None:
+        with cls.lock:
+            if cls.zygote is dead:
+                cls.zygote = None
+        with contextlib.suppress(OSError):
+            dead.close()
+
+    @classmethod
+    def forget(cls) -> None:
+        """In a forked child: the zygote is the parent's; the child starts its own."""
+        cls.zygote = None
+        cls.lock = threading.Lock()
+
+
+atexit.register(_Shared.shutdown)
+os.register_at_fork(after_in_child=_Shared.forget)
+
+
+class _Worker:
+    """The parent's end of one worker: its pid and two non-blocking pipe ends."""
+
+    def __init__(self, zygote: _Zygote, pid: int, rfd: int, wfd: int) -> None:
+        self.zygote, self.pid, self.rfd, self.wfd = zygote, pid, rfd, wfd
+        self.owner = os.getpid()  # a forked copy of this object must leave the worker be
+        os.set_blocking(rfd, False)
+        os.set_blocking(wfd, False)
+        # poll, not select: a worker with many sockets has descriptors above FD_SETSIZE
+        self.readable = select.poll()
+        self.readable.register(rfd, select.POLLIN)
+        self.writable = select.poll()
+        self.writable.register(wfd, select.POLLOUT)
+        self.closed = False
+
+    @staticmethod
+    def _wait(poller: select.poll, deadline: float) -> None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not poller.poll(remaining * 1000):
+            raise _DeadlineError
+
+    def write(self, data: bytes, deadline: float) -> None:
+        view = memoryview(data)
+        while view:
+            self._wait(self.writable, deadline)
+            view = view[os.write(self.wfd, view[:_CHUNK]) :]
+
+    def _read_exact(self, n: int, deadline: float) -> bytes:
+        chunks: list[bytes] = []
+        while n:
+            self._wait(self.readable, deadline)
+            chunk = os.read(self.rfd, min(n, _CHUNK))
+            if not chunk:
+                raise EOFError
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def read(self, deadline: float) -> tuple[dict[str, Any], bytes]:
+        head_len, payload_len = _FRAME.unpack(self._read_exact(_FRAME.size, deadline))
+        header: dict[str, Any] = json.loads(self._read_exact(head_len, deadline))
+        return header, self._read_exact(payload_len, deadline)
+
+    def stop(self) -> int | None:
+        """Kill the worker (idle or not, it holds nothing worth keeping), close its pipes
+        and reap it; its exit code, which says how it died if it died by itself first."""
+        if self.closed or os.getpid() != self.owner:
+            return None
+        self.closed = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)  # not reaped yet: the pid cannot be reused
+        for fd in (self.rfd, self.wfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        try:
+            return self.zygote.reap(self.pid)
+        except (OSError, ValueError):
+            return None  # the zygote is gone, and took its workers with it
+
+
+class Sandbox:
+    """``analyse`` in a worker process, bounded by ``cfg.extract_timeout_s`` and
+    ``cfg.extract_max_mb``. Returns what ``analyse`` returns, or a ``Rejected`` (timeout,
+    too_large, internal) for a page the worker could not finish; raises ``SandboxError``
+    only when no worker can be started. Not thread-safe: one per analysing thread."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        if cfg.extract_timeout_s <= 0:
+            raise ValueError("the sandbox needs extract_timeout_s > 0")
+        self.cfg = cfg
+        #: Workers started: the first, then one after each timeout, crash or retirement.
+        self.starts = 0
+        self._worker: _Worker | None = None
+        self._finalizer: weakref.finalize[Any, Sandbox] | None = None
+
+    def _ensure_worker(self) -> _Worker:
+        if self._worker is None:
+            for attempt in (1, 2):
+                zygote = _Shared.get()
+                try:
+                    pid, rfd, wfd = zygote.spawn(self.cfg)
+                    break
+                except (OSError, ValueError) as exc:  # the zygote died: one more try
+                    _Shared.reset(zygote)
+                    if attempt == 2:
+                        raise SandboxError(f"no sandbox worker could be started: {exc}") from exc
+            self._worker = _Worker(zygote, pid, rfd, wfd)
+            self.starts += 1
+            # A sandbox dropped without close() must not leave its worker behind.
+            self._finalizer = weakref.finalize(self, _Worker.stop, self._worker)
+        return self._worker
+
+    def _drop_worker(self) -> int | None:
+        worker, self._worker = self._worker, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        return worker.stop() if worker is not None else None
+
+    def analyse(self, page: RawPage, stats: Stats | None = None) -> Analysed | Rejected:
+        """``analyse(page, cfg, stats)``, bounded."""
+        refused = refuse_unencodable(page)  # here too: the sandbox's own dead letters
+        if refused is not None:
+            return refused
+        frame = _page_frame(page)
+        for attempt in (1, 2):
+            worker = self._ensure_worker()
+            deadline = time.monotonic() + self.cfg.extract_timeout_s
+            try:
+                worker.write(frame, deadline)
+            except OSError:  # EPIPE
+                # It died before it had the whole page, so not of this page: try a new one.
+                how = _describe_exit(self._drop_worker())
+                log.warning("sandbox worker died while idle (%s)", how)
+                if attempt == 1:
+                    continue
+                return self._rejected(page, Reason.INTERNAL, f"sandbox workers die ({how})")
+            except _DeadlineError:
+                self._drop_worker()
+                return self._timeout(page)
+            return self._answer(page, worker, deadline, stats)
+        raise AssertionError("unreachable")
+
+    def _answer(
+        self, page: RawPage, worker: _Worker, deadline: float, stats: Stats | None
+    ) -> Analysed | Rejected:
+        try:
+            header, payload = worker.read(deadline)
+        except _DeadlineError:
+            self._drop_worker()
+            return self._timeout(page)
+        except (EOFError, OSError):
+            how = _describe_exit(self._drop_worker())
+            log.warning("sandbox worker died on page %s (%s): %s", page.page_id, page.url, how)
+            return self._rejected(page, Reason.INTERNAL, f"the sandbox worker died on it ({how})")
+        try:
+            result = _result_from(header, payload, page)
+        except (KeyError, TypeError, ValueError) as exc:
+            self._drop_worker()
+            detail = f"malformed sandbox reply: {type(exc).__name__}: {exc}"[:500]
+            return self._rejected(page, Reason.INTERNAL, detail)
+        if stats is not None:
+            seconds = header.get("seconds", {})
+            for stage in STAGES:
+                stats.seconds[stage] += float(seconds.get(stage, 0.0))
+        if header.get("retire"):
+            self._drop_worker()
+        return result
+
+    def _timeout(self, page: RawPage) -> Rejected:
+        limit = self.cfg.extract_timeout_s
+        log.warning("page %s (%s) took over %s s; its sandbox worker was killed",
+                    page.page_id, page.url, limit)  # fmt: skip
+        return self._rejected(page, Reason.TIMEOUT, f"analysis took more than {limit} s")
+
+    @staticmethod
+    def _rejected(page: RawPage, reason: Reason, detail: str) -> Rejected:
+        return Rejected(reason, detail, page.page_id, page.url)
+
+    def close(self) -> None:
+        """Stop the worker (a new one starts if the sandbox is used again)."""
+        self._drop_worker()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
