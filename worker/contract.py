@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -18,9 +19,10 @@ from collections.abc import Iterator, Mapping
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import orjson
+import pybase64
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import ValidationError, best_match
 
@@ -44,6 +46,7 @@ LINE_OVERHEAD = 64 * 1024
 # Where to look for a URL in a line that cannot be parsed, so the dead letter is traceable.
 _URL_IN_LINE = re.compile(r'"url"\s*:\s*"((?:[^"\\]|\\.){1,4096})"')
 _URL_SCAN = 64 * 1024
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$", re.ASCII
@@ -54,7 +57,9 @@ MAX_PAGE_ID = 256  # as in raw-page.schema.json
 
 def derive_page_id(url: str) -> str:
     """The page id used when a message carries none: 16 hex digits of SHA-1 of the URL."""
-    return hashlib.sha1(url.encode("utf-8"), usedforsecurity=False).hexdigest()[:16]
+    # surrogatepass: the same bytes for every real URL, and no exception for a broken one
+    data = url.encode("utf-8", "surrogatepass")
+    return hashlib.sha1(data, usedforsecurity=False).hexdigest()[:16]
 
 
 def max_line_bytes(max_bytes: int) -> int:
@@ -154,6 +159,8 @@ def _describe(error: ValidationError) -> str:
 
 
 def _first_error(kind: str, obj: object) -> ValidationError | None:
+    if kind == "raw" and _plainly_valid_raw(obj):
+        return None  # what nearly every message is, in 3 us rather than jsonschema's 36
     error: ValidationError | None = best_match(_errors(kind, obj))
     # best_match descends into a oneOf's alternatives and would report only one of them
     # ("'html' is a required property"); the alternatives together say more.
@@ -168,6 +175,74 @@ def _first_error(kind: str, obj: object) -> ValidationError | None:
     ):
         error = cast("ValidationError", error.parent)
     return error
+
+
+# The constraints of raw-page.schema.json, all of them (annotations left out), that
+# ``_plainly_valid_raw`` checks by hand. It is used only while the shipped schema says
+# exactly this, so a change to the schema cannot leave it behind.
+_RAW_CONSTRAINTS: Final[dict[str, Any]] = {
+    "type": "object",
+    "required": ["url", "fetched_at", "content_type"],
+    "properties": {
+        "url": {"type": "string", "minLength": 1},
+        "fetched_at": {"type": "string", "format": "date-time"},
+        "content_type": {"type": "string"},
+        "html": {"type": "string"},
+        "body_b64": {"type": "string"},
+        "page_id": {"type": "string", "minLength": 1, "maxLength": MAX_PAGE_ID},
+        "site": {"type": "string"},
+    },
+    "oneOf": [{"required": ["html"]}, {"required": ["body_b64"]}],
+    "additionalProperties": True,
+}
+# Keywords that annotate and never reject (contentEncoding does not assert in 2020-12).
+_ANNOTATIONS = frozenset({
+    "$schema", "$id", "title", "description", "examples", "contentEncoding",
+    "contentMediaType",
+})  # fmt: skip
+
+
+def _constraints(schema: object) -> object:
+    """A schema without its annotations (property names are kept, whatever they are)."""
+    if isinstance(schema, list):
+        return [_constraints(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _constraints(v) for k, v in schema.items() if k not in _ANNOTATIONS}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {k: _constraints(v) for k, v in schema["properties"].items()}
+    return out
+
+
+@functools.cache
+def _raw_check_applies() -> bool:
+    # Read once per process from the file shipped with the package: a constant.
+    return _constraints(load_schema("raw")) == _RAW_CONSTRAINTS
+
+
+def _plainly_valid_raw(obj: object) -> bool:
+    """True only for a message that raw-page.schema.json accepts; False says nothing (the
+    schema then decides, and says why)."""
+    if not isinstance(obj, dict) or not _raw_check_applies():
+        return False
+    url, fetched_at, page_id = obj.get("url"), obj.get("fetched_at"), obj.get("page_id")
+    html, b64, site = obj.get("html"), obj.get("body_b64"), obj.get("site")
+    return (
+        isinstance(url, str)
+        and len(url) >= 1
+        and isinstance(obj.get("content_type"), str)
+        and isinstance(fetched_at, str)
+        and _is_rfc3339(fetched_at)
+        # exactly one body, a string
+        and (
+            (isinstance(html, str) and "body_b64" not in obj)
+            or (isinstance(b64, str) and "html" not in obj)
+        )
+        and (
+            "page_id" not in obj or (isinstance(page_id, str) and 1 <= len(page_id) <= MAX_PAGE_ID)
+        )
+        and ("site" not in obj or isinstance(site, str))
+    )
 
 
 def _errors(kind: str, obj: object) -> Iterator[ValidationError]:
@@ -190,7 +265,11 @@ def _url_from_broken_line(text: str) -> str | None:
                 url = json.loads(f'"{match.group(1)}"')
             except ValueError:
                 return None
-            return url if isinstance(url, str) and url else None
+            if not isinstance(url, str) or not url:
+                return None
+            # "\ud800" is a JSON escape but no character: it would make the dead letter
+            # unwritable as UTF-8 (found by fuzzing, tests/regressions/parse_raw)
+            return _LONE_SURROGATE.sub("\ufffd", url)
     return None
 
 
@@ -219,6 +298,11 @@ def _load(line: bytes | str, max_bytes: int) -> object | Rejected:
         return _rejected(Reason.TOO_LARGE, detail, _url_from_broken_line(head))
     if isinstance(line, bytes):
         raw = line
+        # orjson reads the bytes as they are, checking UTF-8 itself: 0.09 ms a page less
+        # than decoding first. On any error the steps below run to say what is wrong.
+        with contextlib.suppress(ValueError, RecursionError):
+            parsed: object = orjson.loads(raw)
+            return parsed
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -250,12 +334,26 @@ def _body(obj: dict[str, Any], max_bytes: int) -> str | bytes | tuple[Reason, st
     if 3 * len(encoded) // 4 - 2 > max_bytes:
         return Reason.TOO_LARGE, f"body_b64 is over {max_bytes} bytes"
     try:
-        body = base64.b64decode(encoded, validate=True)
+        body = _b64decode(encoded)
     except (binascii.Error, ValueError) as exc:
         return Reason.BAD_BASE64, f"body_b64: {exc}"
     if len(body) > max_bytes:
         return Reason.TOO_LARGE, f"body is {len(body)} bytes, over {max_bytes}"
     return body
+
+
+def _b64decode(encoded: str) -> bytes:
+    """``base64.b64decode(encoded, validate=True)``, with pybase64 (SIMD, 20x faster) first.
+
+    pybase64 accepts a subset of what the standard library does (it also refuses excess
+    padding such as "QQ==="), with the same bytes; whatever it refuses goes to the standard
+    library, which returns the bytes or raises the error that names the problem.
+    """
+    try:
+        decoded: bytes = pybase64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        return base64.b64decode(encoded, validate=True)
+    return decoded
 
 
 def _str_field(obj: object, key: str, max_len: int = 1 << 62) -> str | None:

@@ -297,17 +297,53 @@ def _scan(body: LexborNode) -> _Scan:
     costs about as much as the walk (~0.2 ms).
     """
     found = _Scan()
+    lists = (found.paragraphs, found.blocks, found.breaks)
+    kind_of = _SCAN_KINDS.get
+    # tag_id, not tag: ``tag`` decodes the element's name into a new string every time
     for node in body.traverse():
-        tag = node.tag
-        if tag in _PARAGRAPH_TAGS:
-            found.paragraphs.append(node)
-        elif tag in _TEXT_BLOCKS:
-            found.blocks.append(node)
-        elif tag == "br":
-            found.breaks.append(node)
-        elif tag == "h1":
+        kind = kind_of(node.tag_id)
+        if kind is None:
+            continue
+        if kind == _H1:
             found.h1s.append(node.text())
+        else:
+            lists[kind].append(node)
     return found
+
+
+def _tag_ids(tags: Iterable[str]) -> dict[str, int]:
+    """lexbor's tag id of each of ``tags``, standard HTML tags.
+
+    The ids of the standard HTML tags are constants of lexbor (other tags get ids above
+    them), so these hold for every document; a probe document reads them off.
+    """
+    tags = list(tags)
+    probe = LexborHTMLParser(
+        "<table><tr><td></td></tr></table>"
+        + "".join(f"<{tag}></{tag}>" for tag in tags if tag not in ("td", "body"))
+    )
+    ids = {node.tag: node.tag_id for node in probe.root.traverse()} if probe.root else {}
+    if missing := set(tags) - ids.keys():  # cannot happen with lexbor's parser
+        raise RuntimeError(f"tags not found in the probe: {sorted(missing)}")
+    return {tag: ids[tag] for tag in tags}
+
+
+_H1: Final = 3
+# _scan's list for each tag id it looks for (an index into its lists, or _H1)
+_SCAN_KINDS: Final = {
+    tag_id: kind
+    for tags, kind in ((_PARAGRAPH_TAGS, 0), (_TEXT_BLOCKS, 1), (["br"], 2), (["h1"], _H1))
+    for tag_id in _tag_ids(tags).values()
+}
+_INLINE_IDS: Final = frozenset(_tag_ids(_INLINE_TAGS).values())
+
+
+def _unwrap_inline(container: LexborNode) -> None:
+    """``container.unwrap_tags(_INLINE_TAGS)`` in one walk instead of one selector query
+    per tag (a twentieth of the time). Unwrapping moves children up and leaves empty
+    elements alone, so the order does not change the result."""
+    for node in [n for n in container.traverse() if n.tag_id in _INLINE_IDS]:
+        node.unwrap()
 
 
 def _best_container(scan: _Scan, thorough: bool) -> tuple[LexborNode | None, float]:
@@ -442,7 +478,7 @@ def _density(html: str, data: bytes) -> _Lines:
     if container is None:
         return title, []
     _prune(container)
-    container.unwrap_tags(_INLINE_TAGS)
+    _unwrap_inline(container)
     container.merge_text_nodes()
     return title, _clean_lines(container.text(separator="\n"))
 
