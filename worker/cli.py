@@ -115,7 +115,8 @@ def cmd_dedup(args: argparse.Namespace) -> int:
         print(
             f"neardup: {st.pages} pages in {elapsed:.1f} s ({st.pages / max(elapsed, 1e-9):.1f}"
             f" pages/s); decisions {dict(st.decisions)}; repeated {st.repeated}; merges "
-            f"{st.merges}; rejected {dict(st.rejects)}\nneardup: time by stage: {shares}",
+            f"{st.merges}; rejected {dict(st.rejects)}; page ids reused for other content "
+            f"{st.conflicts}\nneardup: time by stage: {shares}",
             file=sys.stderr,
         )
     return EXIT_REJECTED if rejected else EXIT_OK

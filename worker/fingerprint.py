@@ -89,7 +89,9 @@ SHINGLE_CHARS = 5
 
 def hash64(feature: str) -> int:
     """Unsigned 64-bit MurmurHash3 (x64_128, seed 0, first half) of a UTF-8 string."""
-    return int(mmh3.hash64(feature, seed=0, x64arch=True, signed=False)[0])
+    # bytes, not str: mmh3 5.3 crashes the process on a lone surrogate; same values
+    data = feature.encode("utf-8", "surrogatepass")
+    return int(mmh3.hash64(data, seed=0, x64arch=True, signed=False)[0])
 
 
 def _mix(x: U64) -> U64:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -123,5 +122,12 @@ def test_bad_setting_is_a_usage_error(tmp_path: Path) -> None:
         main(["dedup", str(SAMPLE), "--out", str(tmp_path / "x"), "--set", "k1=9"])
 
 
-def test_installed_console_script_exists() -> None:
-    assert shutil.which("neardup") is not None
+def test_installed_console_script_runs() -> None:
+    import subprocess
+    import sys
+
+    # the script pip installed next to this interpreter (PATH need not include it)
+    script = Path(sys.executable).parent / "neardup"
+    assert script.exists()
+    out = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("neardup ")
