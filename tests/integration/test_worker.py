@@ -63,7 +63,12 @@ def _check_against(ref: Reference, d: Deployment) -> None:
     want = {stable(x) for x in ref.decisions}
     assert got == want, f"{len(got - want)} decisions differ, {len(want - got)} missing"
     assert fold([ds[0] for ds in by_page.values()], d.merges()) == ref.clusters
-    assert sorted(r["reason"] for r in d.rejects()) == sorted(r["reason"] for r in ref.rejects)
+    # at least once, like decisions: a dead letter may come again after a rebalance, as an
+    # identical copy (but for its time); the set of dead letters must be the reference's
+    def letters(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return sorted({(r["page_id"], r["url"], r["reason"]) for r in rows})
+
+    assert letters(d.rejects()) == letters(ref.rejects)
 
 
 def _all_out(ref: Reference, d: Deployment) -> bool:
