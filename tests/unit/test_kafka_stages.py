@@ -595,3 +595,11 @@ def test_routed_a_sequencer_crash_anywhere_gives_the_engines_decisions_and_no_co
         _stable(d) for d in want
     )
     assert _timeless(restarted) == _timeless(kv)
+
+
+@given(st.lists(st.binary(min_size=1, max_size=50).map(lambda b: b"{" + b), max_size=20))
+def test_framed_messages_come_apart_as_they_were_framed(items: list[bytes]) -> None:
+    if items:
+        assert wire.unframe(wire.frame(items)) == items
+    with pytest.raises(wire.WireError):
+        wire.unframe(wire.frame([b"{a", b"{b"])[:-1])

@@ -63,9 +63,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             worker.main()
         finally:
-            # reached on a clean stop (SIGTERM, SIGINT) and on a crash Faust shut down
-            # from, after it flushed the producer; never after SIGKILL
-            release_state(settings.state_dir)
+            # Reached on a stop (SIGTERM, SIGINT) and on a crash Faust shut down from; never
+            # after SIGKILL. The local tables are kept only if their changelogs have all of
+            # them: an agent stopped halfway through a batch leaves the marker behind.
+            if worker.changelog.clean:
+                release_state(settings.state_dir)
+            else:
+                log.warning(
+                    "stopped with table writes not in the changelog: the local "
+                    "tables will be restored from the changelog at the next start"
+                )
         return 0
     sys.argv = [sys.argv[0], *argv]
     worker.main()

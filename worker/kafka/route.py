@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from worker.config import EngineConfig
+from worker.decide import candidates
 from worker.engine import Analysed
 from worker.fingerprint import Fingerprints
 from worker.index import ENTRY, KVIndex, make_entry, string_keys
@@ -278,6 +279,11 @@ class RoutedStage(DecideStage):
     def _in_progress(self, key: Key) -> bool:
         return key in self.flying_keys
 
+    def _head(self) -> Flight:
+        """The page in flight with the lowest sequence number (flights are added in
+        sequence order, at release and when resumed from the store's key order)."""
+        return next(iter(self.flights.values()))
+
     def _fly(self, flight: Flight) -> None:
         self.flights[flight.seq] = flight
         self.flying[flight.page.pid] += 1
@@ -299,7 +305,7 @@ class RoutedStage(DecideStage):
         return super().release(room) + self._conclude_ready(limit)
 
     def busy(self) -> bool:
-        if self.flights and self._ready(self.flights[min(self.flights)]):
+        if self.flights and self._ready(self._head()):
             return True
         return len(self.flights) < self.MAX_IN_FLIGHT and super().busy()
 
@@ -307,7 +313,10 @@ class RoutedStage(DecideStage):
         repeat = a.pid in self.flying or self.engine.clusters.page(a.pid) is not None
         page = a
         if not repeat:
-            page = self.engine.filter_template(a)
+            try:
+                page = self.engine.filter_template(a)
+            except Exception as exc:  # a bug: logged once, the page is dead-lettered
+                return self._failed(a, exc)
             self.engine.kv.commit()  # the template counts, in this page's step
         flight = Flight(self.next_seq, page, since, repeat)
         self.next_seq += 1
@@ -354,7 +363,7 @@ class RoutedStage(DecideStage):
         """Probe again for the head page if it has waited too long (see ``STALLED_S``)."""
         if not self.flights:
             return []
-        flight = self.flights[min(self.flights)]
+        flight = self._head()
         if time.monotonic() - flight.sent_at < self.STALLED_S or self._ready(flight):
             return []
         log.warning(
@@ -367,11 +376,34 @@ class RoutedStage(DecideStage):
 
     def _accept_other(self, msg: SequenceMsg) -> list[Emit]:
         flight = self.flights.get(msg.seq) if isinstance(msg, AnswerMsg | SketchMsg) else None
-        if isinstance(msg, AnswerMsg) and flight is not None:
-            flight.answers.update(msg.values)
-        elif isinstance(msg, SketchMsg) and flight is not None:
+        if flight is None:
+            return []  # an answer for no page in flight: sent twice, the page is decided
+        if isinstance(msg, SketchMsg):
             flight.sketches.update(msg.values)
-        return []  # an answer for no page in flight: sent twice, the page is decided
+            return []
+        if isinstance(msg, AnswerMsg) and not flight.answered:
+            flight.answers.update(msg.values)
+            if flight.answered:
+                return self._prefetch(flight)
+        return []
+
+    def _prefetch(self, flight: Flight) -> list[Emit]:
+        """Ask for the sketches a page will be verified against as soon as its answers are
+        in, not when its turn comes: its candidates depend on its answers only. (Should
+        the decision want others, ``NeedKeys`` asks again.)"""
+        a = flight.page
+        if a.template_only:
+            return []
+        self.routed.remote = dict(flight.answers)
+        try:
+            found = self.index.lookup(a.fps, a.order)
+            flight.asked |= set(candidates(a.fps, found, self.engine.cfg, a.pid))
+        except Exception:  # the decision itself will fail on it, and say so
+            log.exception("prefetching sketches failed for page %s", a.page.page_id)
+            return []
+        finally:
+            self.routed.remote = {}
+        return self._verify(flight) if flight.asked else []
 
     @staticmethod
     def _ready(flight: Flight) -> bool:
@@ -384,7 +416,7 @@ class RoutedStage(DecideStage):
         for _ in range(limit):
             if not self.flights:
                 break
-            flight = self.flights[min(self.flights)]
+            flight = self._head()
             if not self._ready(flight):
                 break
             emits = self._try_conclude(flight)

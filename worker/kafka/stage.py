@@ -245,7 +245,7 @@ class DecideStage:
         stored = self._stored(a.pid)
         key: Key = (a.order, a.page.page_id)
         if stored is None and not self._in_progress(key) and self.sequencer.add(key):
-            pending = {"ts": msg.timestamp, "a": analysed_to_json(a)}
+            pending = {"ts": msg.timestamp, "a": msg.as_read or analysed_to_json(a)}
             value = json.dumps(pending, ensure_ascii=False).encode()
             self.journal.put_many([(_PENDING + key_bytes(key), value)])
         self.journal.apply(0)

@@ -63,6 +63,14 @@ class Changelog:
         self.app = app
         self._pending: dict[tuple[Any, int], list[tuple[bytes, bytes | None]]] = {}
         self._sent: list[asyncio.Future[Any]] = []
+        #: A batch of records never reached the broker.
+        self.failed = False
+
+    @property
+    def clean(self) -> bool:
+        """Whether every record written to a local table has reached the broker (if not,
+        the local tables are ahead of their changelogs)."""
+        return not self.failed and not self._pending and all(f.done() for f in self._sent)
 
     def add(self, table: Any, partition: int, records: list[tuple[bytes, bytes | None]]) -> None:
         self._pending.setdefault((table, partition), []).extend(records)
@@ -75,9 +83,9 @@ class Changelog:
         )
 
         pending, self._pending = self._pending, {}
-        if pending:
-            producer = self.app.producer._producer  # Faust's aiokafka producer
+        try:
             for (table, partition), records in pending.items():
+                producer = self.app.producer._producer  # Faust's aiokafka producer
                 topic = table.changelog_topic.get_topic_name()
                 batch = BatchBuilder(_BATCH_BYTES, _NO_COMPRESSION)
                 for key, value in records:
@@ -86,11 +94,16 @@ class Changelog:
                         batch = BatchBuilder(_BATCH_BYTES, _NO_COMPRESSION)
                         batch.append(timestamp=None, key=key, value=value)
                 await self._send(producer, batch, table, topic, partition)
+        except BaseException:  # cancelled at shutdown, or the producer is gone
+            self.failed = True
+            raise
         if wait:
             sent, self._sent = self._sent, []
-            await asyncio.gather(*sent)
+            await asyncio.gather(*sent)  # a failed batch raises: the agent stops the worker
         else:
             self._sent = [f for f in self._sent if not f.done()]
+        if self.failed:
+            raise RuntimeError("changelog records did not reach the broker")
 
     async def _send(self, producer: Any, batch: Any, table: Any, topic: str, p: int) -> None:
         from faust.types import TP
@@ -99,9 +112,11 @@ class Changelog:
         future = await producer.send_batch(batch, topic, partition=p)
 
         def persisted(fut: asyncio.Future[Any]) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                self.failed = True
+                return
             # Faust recovers a partition from the offset after this one
-            if not fut.cancelled() and fut.exception() is None:
-                table.data.set_persisted_offset(TP(topic, p), fut.result().offset + count - 1)
+            table.data.set_persisted_offset(TP(topic, p), fut.result().offset + count - 1)
 
         future.add_done_callback(persisted)
         self._sent.append(future)

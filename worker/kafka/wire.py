@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from worker.engine import Analysed
@@ -91,6 +92,9 @@ class PageMsg:
     partitions: int  # the raw topic's partition count as the sender saw it
     page: Analysed
     timestamp: float = 0.0  # the raw message's timestamp, seconds since the epoch
+    #: The page as it was read (``analysed_to_json``), kept to be stored without encoding
+    #: it again.
+    as_read: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +228,7 @@ def _from(obj: dict[str, Any]) -> AnyMsg:  # noqa: PLR0911 - one branch per type
             int(obj["n"]),
             analysed_from_json(obj["a"]),
             float(obj.get("ts", 0.0)),
+            obj["a"],
         )
     if t == "marks":
         return MarksMsg(int(obj["n"]), tuple(Mark(int(p), int(x)) for p, x in obj["m"]))
@@ -271,3 +276,36 @@ def decode_route(raw: bytes) -> RouteMsg:
     if not isinstance(msg, ProbeMsg | RecordMsg | VerifyMsg):
         raise WireError(f"{type(msg).__name__} does not belong on a routing topic")
     return msg
+
+
+# -- several messages in one -----------------------------------------------------------------
+
+#: The first bytes of a framed batch (a JSON message never starts with a NUL byte).
+_FRAMED = b"\x00nd1"
+_LENGTH = struct.Struct(">I")
+
+
+def frame(items: Sequence[bytes]) -> bytes:
+    """Several encoded messages as one Kafka message (one item is sent as it is): the
+    internal topics carry many small messages, and each costs more than its bytes."""
+    if len(items) == 1:
+        return items[0]
+    return _FRAMED + b"".join(_LENGTH.pack(len(i)) + i for i in items)
+
+
+def unframe(raw: bytes) -> list[bytes]:
+    """The messages in ``raw``, in the order they were framed."""
+    if not raw.startswith(_FRAMED):
+        return [raw]
+    out, pos = [], len(_FRAMED)
+    try:
+        while pos < len(raw):
+            (n,) = _LENGTH.unpack_from(raw, pos)
+            pos += _LENGTH.size
+            if pos + n > len(raw):
+                raise WireError("a framed message is cut short")
+            out.append(raw[pos : pos + n])
+            pos += n
+    except struct.error as exc:
+        raise WireError(f"a framed message is cut short: {exc}") from exc
+    return out
