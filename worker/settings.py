@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     #: internal topics; sequential: the whole index sits with the sequencer
     #: (NEARDUP_TOPOLOGY). Both decide exactly as ``neardup dedup`` does.
     topology: Literal["routed", "sequential"] = "routed"
+    #: Static group membership (NEARDUP_GROUP_INSTANCE_ID), e.g. the pod's name: a worker
+    #: restarted under the same id takes its partitions back without waiting for its old
+    #: session to time out. Unset: dynamic membership. Never share one between two workers.
+    group_instance_id: str | None = None
     #: A worker that stops heartbeating leaves its group after this long, and its
     #: partitions move (NEARDUP_SESSION_TIMEOUT_MS).
     session_timeout_ms: int = Field(default=10_000, ge=6_000, le=300_000)

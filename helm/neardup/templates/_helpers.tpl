@@ -65,6 +65,9 @@ a float64, which would print 5242880 as 5.24288e+06; whole numbers print as inte
 {{- if gt (int .Values.replicaCount) (int $s.partitions) }}
 {{- fail (printf "replicaCount (%d) is more than settings.partitions (%d): a worker beyond the partition count would own no partition. Lower replicaCount or raise settings.partitions (NEARDUP_PARTITIONS)." (int .Values.replicaCount) (int $s.partitions)) }}
 {{- end }}
+{{- if and $s.group_instance_id (gt (int .Values.replicaCount) 1) (not (contains "$(POD_NAME)" (toString $s.group_instance_id))) }}
+{{- fail "settings.group_instance_id (NEARDUP_GROUP_INSTANCE_ID) would be shared by every pod: include \"$(POD_NAME)\" in it, or leave it null" }}
+{{- end }}
 {{- if and .Values.existingSecret.name $s.sasl_password }}
 {{- fail "set either settings.sasl_password or existingSecret.name, not both" }}
 {{- end }}
