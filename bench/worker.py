@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import os
 import shutil
@@ -142,7 +143,12 @@ def throughput(
     try:
         produce(bootstrap, run.names.raw, lines)
         workers = [run.worker(i).start() for i in range(n_workers)]
-        wait_for(lambda: all(w.get("/readyz") == 200 for w in workers), 300, "workers ready")
+        # the window starts when every worker has joined (or a page is out already)
+        wait_for(
+            lambda: all(w.get("/readyz") == 200 for w in workers) or run.outputs() > 0,
+            300,
+            "the workers to join",
+        )
         t0, done0 = time.time(), run.outputs()
         c0 = sum(tree_cpu(w.proc.pid) for w in workers if w.proc)
         wait_for(lambda: run.outputs() >= len(lines), 3600, "every page out")
@@ -150,6 +156,10 @@ def throughput(
         times = run.collector.times[run.names.decisions] + run.collector.times[run.names.rejects]
         pages = len(lines) - done0
         return pages / max(max(times) - t0, 1e-9), cpu / max(pages, 1)
+    except AssertionError:
+        for w in run.workers:
+            print(f"--- {w.log}\n{w.tail(30)}", file=sys.stderr)
+        raise
     finally:
         run.close()
 
@@ -212,10 +222,11 @@ def recovery(
         for i in range(pages + 400):
             msg = json.loads(lines[i % len(lines)])
             copy = i // len(lines)
+            # each copy of the dev stream under new ids, two days after the one before
             msg["url"] = f"{msg['url']}#copy{copy}"
-            hour = 100 * copy + int(msg["fetched_at"][11:13])
-            day = 1 + hour // 24
-            msg["fetched_at"] = f"2026-04-{day:02d}T{hour % 24:02d}{msg['fetched_at'][13:]}"
+            fetched = dt.datetime.fromisoformat(msg["fetched_at"].replace("Z", "+00:00"))
+            later = fetched + dt.timedelta(days=2 * copy)
+            msg["fetched_at"] = later.isoformat(timespec="seconds").replace("+00:00", "Z")
             stream.append(json.dumps(msg, ensure_ascii=False).encode())
         produce(bootstrap, run.names.raw, stream[:pages])
         w = run.worker(0).start()
