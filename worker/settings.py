@@ -30,6 +30,9 @@ class EngineSettings(BaseModel):
     bucket_cap: int = _DEFAULT.bucket_cap
     retention_days: int = _DEFAULT.retention_days
     max_bytes: int = _DEFAULT.max_bytes
+    max_text_chars: int = _DEFAULT.max_text_chars
+    extract_timeout_s: float = _DEFAULT.extract_timeout_s
+    extract_max_mb: int = _DEFAULT.extract_max_mb
 
     def config(self) -> EngineConfig:
         return EngineConfig(**self.model_dump())

@@ -60,3 +60,14 @@ def test_a_worker_that_did_not_stop_cleanly_loses_its_local_tables(tmp_path: Pat
     release_state(str(tmp_path))  # a clean stop
     assert not (tmp_path / RUNNING_MARKER).exists()
     assert not prepare_state(str(tmp_path), str(tables))
+
+
+def test_the_sandbox_limits_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEARDUP_ENGINE__EXTRACT_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("NEARDUP_ENGINE__EXTRACT_MAX_MB", "512")
+    monkeypatch.setenv("NEARDUP_ENGINE__MAX_TEXT_CHARS", "200000")
+    cfg = Settings().engine_config()
+    assert (cfg.extract_timeout_s, cfg.extract_max_mb, cfg.max_text_chars) == (2.5, 512, 200000)
+    monkeypatch.setenv("NEARDUP_ENGINE__EXTRACT_TIMEOUT_S", "-1")
+    with pytest.raises(ValueError, match="extract_timeout_s"):
+        Settings().engine_config()
