@@ -71,3 +71,18 @@ def test_the_sandbox_limits_come_from_the_environment(monkeypatch: pytest.Monkey
     monkeypatch.setenv("NEARDUP_ENGINE__EXTRACT_TIMEOUT_S", "-1")
     with pytest.raises(ValueError, match="extract_timeout_s"):
         Settings().engine_config()
+
+
+def test_topics_the_worker_creates_take_its_largest_messages() -> None:
+    from worker.contract import max_line_bytes
+    from worker.kafka.topics import STATE_MAX_MESSAGE_BYTES, _configs
+
+    settings = Settings(partitions=3)
+    names = TopicNames.of(settings)
+    fixed = names.fixed(settings)
+    raw = int(_configs(names.raw, names, fixed, settings)["max.message.bytes"])
+    assert raw > max_line_bytes(settings.engine.max_bytes) > 1 << 20
+    assert _configs(names.sequence, names, fixed, settings) == {
+        "max.message.bytes": str(STATE_MAX_MESSAGE_BYTES)
+    }
+    assert _configs(names.decisions, names, fixed, settings) == {}

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from worker.contract import max_line_bytes
 from worker.kafka.security import aiokafka_kwargs
 from worker.settings import Settings
 
@@ -26,6 +27,8 @@ BUCKETS_TABLE = "buckets"
 SKETCHES_TABLE = "sketches"
 #: A page's journalled writes are one changelog message: allow large ones.
 STATE_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Room for a record's own fields around the longest raw line.
+RAW_RECORD_SLACK = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,21 @@ class TopicNames:
         return {t: parts[t] for t in (self.sequence, self.probes, self.records) if t in parts}
 
 
+def _configs(
+    name: str, names: TopicNames, fixed: dict[str, int], settings: Settings
+) -> dict[str, str]:
+    """Topic configs the worker sets on a topic it creates: internal topics take its
+    largest messages; the raw topic takes the longest line the worker parses (a 5 MiB body
+    may arrive base64-encoded inside JSON), where Kafka's 1 MiB default would refuse
+    ordinary large pages at the producer."""
+    if name in fixed:
+        return {"max.message.bytes": str(STATE_MAX_MESSAGE_BYTES)}
+    if name == names.raw:
+        limit = max_line_bytes(settings.engine.max_bytes) + RAW_RECORD_SLACK
+        return {"max.message.bytes": str(limit)}
+    return {}
+
+
 async def ensure_topics(settings: Settings, timeout_s: float = 60.0) -> list[str]:
     """Create the worker's topics that do not exist yet; returns the ones created."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
@@ -94,9 +112,7 @@ async def ensure_topics(settings: Settings, timeout_s: float = 60.0) -> list[str
                 name,
                 n,
                 settings.replication,
-                topic_configs={"max.message.bytes": str(STATE_MAX_MESSAGE_BYTES)}
-                if name in fixed
-                else {},
+                topic_configs=_configs(name, names, fixed, settings),
             )
             for name, n in wanted.items()
             if name not in existing
