@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +95,44 @@ def engine_rate(lines: list[bytes]) -> tuple[float, float]:
     return (len(lines) - 1) / elapsed, cpu / (len(lines) - 1)
 
 
+def create_topic(bootstrap: str, name: str, partitions: int, configs: dict[str, str]) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+
+    async def run() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs)])
+        finally:
+            await admin.close()
+
+    asyncio.run(run())
+
+
+def copies(lines: list[bytes], start: int, stop: int) -> Iterator[bytes]:
+    """Pages ``start`` to ``stop`` of the dev stream repeated: each copy under new ids, two
+    days after the one before (made one at a time: 100,000 pages are ~16 GB)."""
+    for i in range(start, stop):
+        msg = json.loads(lines[i % len(lines)])
+        copy = i // len(lines)
+        msg["url"] = f"{msg['url']}#copy{copy}"
+        fetched = dt.datetime.fromisoformat(msg["fetched_at"].replace("Z", "+00:00"))
+        later = fetched + dt.timedelta(days=2 * copy)
+        msg["fetched_at"] = later.isoformat(timespec="seconds").replace("+00:00", "Z")
+        yield json.dumps(msg, ensure_ascii=False).encode()
+
+
 class Run:
     """Topics of their own, a collector, and worker processes."""
 
-    def __init__(self, bootstrap: str, tmp: Path, partitions: int, topology: str) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        tmp: Path,
+        partitions: int,
+        topology: str,
+        raw_configs: dict[str, str] | None = None,
+    ) -> None:
         self.bootstrap, self.tmp, self.partitions, self.topology = (
             bootstrap,
             tmp,
@@ -106,7 +141,10 @@ class Run:
         )
         tmp.mkdir(parents=True, exist_ok=True)
         self.names = Names()
-        create_topics(bootstrap, {self.names.raw: partitions})
+        if raw_configs:
+            create_topic(bootstrap, self.names.raw, partitions, raw_configs)
+        else:
+            create_topics(bootstrap, {self.names.raw: partitions})
         self.collector = Collector(bootstrap, [self.names.decisions, self.names.rejects])
         self.workers: list[WorkerProcess] = []
 
@@ -216,24 +254,21 @@ def recovery(
     bootstrap: str, tmp: Path, lines: list[bytes], pages: int, *, parts: int, topology: str
 ) -> tuple[float, float, float]:
     """Seconds from SIGKILL to ready, and to the next decision; and the indexing rate."""
-    run = Run(bootstrap, tmp, parts, topology)
+    # The raw topic keeps what is consumed for a short while only, and pages are produced
+    # a chunk at a time as the worker keeps up: the backlog, and the disk, stay bounded.
+    raw_configs = {"retention.ms": str(10 * 60 * 1000), "segment.bytes": str(128 << 20)}
+    run = Run(bootstrap, tmp, parts, topology, raw_configs)
+    chunk = 4000
     try:
-        stream = []
-        for i in range(pages + 400):
-            msg = json.loads(lines[i % len(lines)])
-            copy = i // len(lines)
-            # each copy of the dev stream under new ids, two days after the one before
-            msg["url"] = f"{msg['url']}#copy{copy}"
-            fetched = dt.datetime.fromisoformat(msg["fetched_at"].replace("Z", "+00:00"))
-            later = fetched + dt.timedelta(days=2 * copy)
-            msg["fetched_at"] = later.isoformat(timespec="seconds").replace("+00:00", "Z")
-            stream.append(json.dumps(msg, ensure_ascii=False).encode())
-        produce(bootstrap, run.names.raw, stream[:pages])
         w = run.worker(0).start()
         t0 = time.time()
+        for start in range(0, pages, chunk):
+            caught_up = lambda s=start: run.outputs() >= s - chunk  # noqa: E731
+            wait_for(caught_up, 24 * 3600, "the worker to catch up")
+            produce(bootstrap, run.names.raw, copies(lines, start, min(start + chunk, pages)))
         wait_for(lambda: run.outputs() >= pages, 24 * 3600, f"{pages} pages indexed")
         rate = pages / (time.time() - t0)
-        produce(bootstrap, run.names.raw, stream[pages:])
+        produce(bootstrap, run.names.raw, copies(lines, pages, pages + 400))
         wait_for(lambda: run.outputs() >= pages + 100, 600, "the stream going on")
         w.kill()
         killed = time.time()
@@ -265,7 +300,11 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--topology", choices=["routed", "sequential"], default="routed")
     ap.add_argument("--recovery-pages", type=int, default=100_000)
-    ap.add_argument("--skip", nargs="*", default=[], choices=["latency", "recovery"])
+    ap.add_argument("--keep", action="store_true", help="keep the workers' logs and state")
+    ap.add_argument(
+        "--rate", type=float, default=50.0, help="latency's input rate when throughput is skipped"
+    )
+    ap.add_argument("--skip", nargs="*", default=[], choices=["throughput", "latency", "recovery"])
     args = ap.parse_args()
 
     lines = [ln.rstrip(b"\n") for ln in raw_lines(args.data / "pages.jsonl.gz")]
@@ -281,22 +320,26 @@ def main() -> None:
             f"{len(lines)} dev pages, broker {bootstrap}, {args.partitions} partitions, "
             f"topology {args.topology}, {os.cpu_count()} cores"
         )
-        eng, eng_cpu = engine_rate(lines)
-        print(f"neardup dedup (engine):  {eng:7.1f} pages/s, {eng_cpu * 1000:5.1f} ms CPU a page")
         kw: dict[str, Any] = {"parts": args.partitions, "topology": args.topology}
-        one, one_cpu = throughput(bootstrap, tmp / "t1", lines, 1, **kw)
-        print(
-            f"worker x1:               {one:7.1f} pages/s, {one_cpu * 1000:5.1f} ms CPU a page "
-            f"({one / eng:.0%} of the engine's pages/s; per core {eng_cpu / one_cpu:.0%})"
-        )
-        two, two_cpu = throughput(bootstrap, tmp / "t2", lines, 2, **kw)
-        print(
-            f"worker x2:               {two:7.1f} pages/s, {two_cpu * 1000:5.1f} ms CPU a page "
-            f"({two / 2 / eng:.0%} of the engine's pages/s per worker; x{two / one:.2f} one "
-            "worker)"
-        )
+        one = 0.0
+        if "throughput" not in args.skip:
+            eng, eng_cpu = engine_rate(lines)
+            print(
+                f"neardup dedup (engine):  {eng:7.1f} pages/s, {eng_cpu * 1000:5.1f} ms CPU a page"
+            )
+            one, one_cpu = throughput(bootstrap, tmp / "t1", lines, 1, **kw)
+            print(
+                f"worker x1:               {one:7.1f} pages/s, {one_cpu * 1000:5.1f} ms CPU a page "
+                f"({one / eng:.0%} of the engine's pages/s; per core {eng_cpu / one_cpu:.0%})"
+            )
+            two, two_cpu = throughput(bootstrap, tmp / "t2", lines, 2, **kw)
+            print(
+                f"worker x2:               {two:7.1f} pages/s, {two_cpu * 1000:5.1f} ms CPU a page "
+                f"({two / 2 / eng:.0%} of the engine's pages/s per worker; x{two / one:.2f} one "
+                "worker)"
+            )
         if "latency" not in args.skip:
-            rate = one / 2
+            rate = one / 2 if one else args.rate
             p50, p99, n = latency(
                 bootstrap, tmp / "lat", lines[: max(200, int(rate * 60))], rate, **kw
             )
@@ -312,7 +355,10 @@ def main() -> None:
                 f"next decision after {first:.1f} s"
             )
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if args.keep:
+            print(f"worker logs and state kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
         if broker_env is not None:
             subprocess.run(
                 ["bash", str(ROOT / "scripts/kafka-local.sh"), "stop"],

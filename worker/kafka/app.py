@@ -63,6 +63,21 @@ EVENT_BATCH = 500
 EVENT_WAIT_S = 0.01
 PRODUCER_BATCH_BYTES = 1 << 20
 
+#: Bytes a partition per fetch while the tables are restored from their changelogs.
+RESTORE_FETCH_BYTES = 16 << 20
+
+#: Changelogs are compacted topics. Pages pending and in flight are written, then
+#: deleted, a step later, so most of a changelog's bytes are values that compaction drops;
+#: but Kafka never compacts the segment being written, 1 GiB by default. Smaller segments
+#: and an eager cleaner keep what a restarted worker must read close to the live state.
+#: (Tombstones stay for Kafka's default delete.retention.ms, a day, so a restore that
+#: started from the beginning still sees every deletion.)
+CHANGELOG_CONFIGS = {
+    "max.message.bytes": str(STATE_MAX_MESSAGE_BYTES),
+    "segment.bytes": str(64 << 20),
+    "min.cleanable.dirty.ratio": "0.2",
+}
+
 Send = Callable[[Any, bytes | None, bytes, int | None], Awaitable[Any]]
 
 
@@ -139,6 +154,9 @@ class Worker:
             # aiokafka holds one batch per partition while another is in flight: with
             # Kafka's 16 KiB, each analysed page (~15 KiB) would wait for a round trip
             producer_max_batch_size=PRODUCER_BATCH_BYTES,
+            # recovery reads the changelogs at this many bytes a partition and fetch
+            # (aiokafka's default, 1 MiB, made restoring a table fetch-bound)
+            consumer_max_fetch_size=RESTORE_FETCH_BYTES,
             web_enabled=False,
             autodiscover=False,
             stream_wait_empty=False,
@@ -203,7 +221,7 @@ class Worker:
             key_type=bytes,
             value_type=bytes,
             partitions=partitions,
-            extra_topic_configs={"max.message.bytes": str(STATE_MAX_MESSAGE_BYTES)},
+            extra_topic_configs=CHANGELOG_CONFIGS,
         )
 
     def _routing_agents(self) -> None:
