@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 from worker.settings import Settings
@@ -86,39 +87,51 @@ class _SaslPayloadFilter(logging.Filter):
         return True
 
 
+#: Every form of every secret being masked, longest first. Process-wide on purpose: log
+#: records are.
+_SECRETS: list[str] = []
+
+
+def _scrub(text: str) -> str:
+    for form in _SECRETS:
+        text = text.replace(form, REDACTED)
+    return text
+
+
+def _redacting_factory(
+    previous: Callable[..., logging.LogRecord],
+) -> Callable[..., logging.LogRecord]:
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        message = record.getMessage()
+        clean = _scrub(message)
+        if clean != message:
+            record.msg, record.args = clean, ()
+        if record.exc_info and record.exc_info[0] is not None:
+            # formatted now, so that every handler prints this redacted text
+            record.exc_text = _scrub(logging.Formatter().formatException(record.exc_info))
+        if record.stack_info:
+            record.stack_info = _scrub(record.stack_info)
+        return record
+
+    factory.neardup_redacting = True  # type: ignore[attr-defined]
+    return factory
+
+
 def install_log_redaction(settings: Settings) -> None:
     """Mask the SASL password in every log record of this process, whatever logger or handler
     writes it (Faust replaces the handlers when it starts, so this wraps the record factory),
-    and drop the SASL payloads aiokafka logs at DEBUG."""
+    and drop the SASL payloads aiokafka logs at DEBUG. Calling it again adds a secret."""
     conn_log = logging.getLogger("aiokafka.conn")
     if not any(isinstance(f, _SaslPayloadFilter) for f in conn_log.filters):
         conn_log.addFilter(_SaslPayloadFilter())
     if settings.sasl_password is None:
         return
-    forms = sorted(secret_forms(settings.sasl_password.get_secret_value()), key=len, reverse=True)
-    if not forms:
-        return
-    previous = logging.getLogRecordFactory()
-
-    def scrub(text: str) -> str:
-        for form in forms:
-            text = text.replace(form, REDACTED)
-        return text
-
-    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-        record = previous(*args, **kwargs)
-        message = record.getMessage()
-        clean = scrub(message)
-        if clean != message:
-            record.msg, record.args = clean, ()
-        if record.exc_info and record.exc_info[0] is not None:
-            # formatted now, so that every handler prints this redacted text
-            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info))
-        if record.stack_info:
-            record.stack_info = scrub(record.stack_info)
-        return record
-
-    logging.setLogRecordFactory(factory)
+    forms = secret_forms(settings.sasl_password.get_secret_value())
+    _SECRETS[:] = sorted(set(_SECRETS) | forms, key=len, reverse=True)
+    current = logging.getLogRecordFactory()
+    if _SECRETS and not getattr(current, "neardup_redacting", False):
+        logging.setLogRecordFactory(_redacting_factory(current))
 
 
 # -- saying why the brokers refuse us --------------------------------------------------------
