@@ -11,10 +11,11 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/neardup
 WORKDIR /src
 # README.md is the package's readme in pyproject.toml: hatchling will not build without it.
-COPY pyproject.toml README.md ./
+# requirements.lock: the versions the tests ran with and scripts/audit.sh audited.
+COPY pyproject.toml README.md requirements.lock ./
 COPY schemas ./schemas
 COPY worker ./worker
-RUN /opt/neardup/bin/pip install ".[kafka]" \
+RUN /opt/neardup/bin/pip install ".[kafka]" -c requirements.lock \
     && /opt/neardup/bin/python -c "import worker.settings, worker.produce, rocksdict, rjieba"
 
 FROM ${PYTHON_IMAGE}

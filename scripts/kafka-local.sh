@@ -14,7 +14,8 @@
 #                  KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:<port>. No-op if already running.
 #   stop [--keep]  SIGTERM (up to 60 s, then SIGKILL); removes the run dir unless --keep
 #   status         exit 0 if the broker is running, 1 otherwise
-#   env            print `export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:<port>`
+#   env            print `export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:<port>` (and, in
+#                  secured mode, the SASL listeners' variables below)
 #
 # Environment:
 #   NEARDUP_KAFKA_VERSION     Kafka release to use (default: 4.1.1)
@@ -27,6 +28,28 @@
 #   NEARDUP_KAFKA_JAVA_OPTS   extra JVM flags (e.g. a JAAS config for SASL)
 #   NEARDUP_KAFKA_START_TIMEOUT  seconds to wait for readiness (default: 90)
 #   JAVA, MVN                 java / mvn binaries (default: from PATH)
+#
+# Secured mode (opt-in; the default above is unchanged): with NEARDUP_KAFKA_SECURE=1 the
+# broker keeps its PLAINTEXT listener (the readiness probe uses it) and adds
+#   SASL_PLAINTEXT://127.0.0.1:$NEARDUP_KAFKA_SASL_PORT      (default: port+2)
+#   SASL_SSL://127.0.0.1:$NEARDUP_KAFKA_SASL_SSL_PORT        (default: port+3; only with
+#                                                            a keystore)
+# both with the SASL mechanisms PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512.
+#   NEARDUP_KAFKA_SASL_USERS  required: "name:password[,name:password...]". Each user can
+#                             log in with all three mechanisms: PLAIN users are written
+#                             into the listeners' JAAS config in server.properties (mode
+#                             600), SCRAM users are added when the storage is formatted
+#                             (`StorageTool format --add-scram`), so changing them needs a
+#                             new NEARDUP_KAFKA_DIR. Names and passwords: [A-Za-z0-9._~+=-]
+#                             (no quotes, commas or brackets, which the formats cannot
+#                             escape). For a throwaway test broker: the passwords are on
+#                             the format command line and in the run dir.
+#   NEARDUP_KAFKA_SSL_KEYSTORE           PKCS12 keystore of the SASL_SSL listener: the
+#                             broker's key and a certificate for IP 127.0.0.1, signed by a
+#                             CA of the caller's (clients trust that CA); unset: no SASL_SSL
+#   NEARDUP_KAFKA_SSL_KEYSTORE_PASSWORD  its password (default: empty)
+# `start` and `env` then also print KAFKA_SASL_PLAINTEXT_SERVERS=127.0.0.1:<port> and, with
+# a keystore, KAFKA_SASL_SSL_SERVERS=127.0.0.1:<port>.
 #
 # Example:
 #   eval "$(scripts/kafka-local.sh start | sed 's/^/export /')"
@@ -52,6 +75,13 @@ HOST="127.0.0.1"
 read -r -a HEAP_OPTS <<<"${NEARDUP_KAFKA_HEAP:--Xms256m -Xmx512m}"
 read -r -a EXTRA_JAVA_OPTS <<<"${NEARDUP_KAFKA_JAVA_OPTS:-}"
 START_TIMEOUT="${NEARDUP_KAFKA_START_TIMEOUT:-90}"
+SECURE="${NEARDUP_KAFKA_SECURE:-0}"
+SASL_PORT="${NEARDUP_KAFKA_SASL_PORT:-$((PORT + 2))}"
+SASL_SSL_PORT="${NEARDUP_KAFKA_SASL_SSL_PORT:-$((PORT + 3))}"
+SASL_USERS="${NEARDUP_KAFKA_SASL_USERS:-}"
+SSL_KEYSTORE="${NEARDUP_KAFKA_SSL_KEYSTORE:-}"
+SSL_KEYSTORE_PASSWORD="${NEARDUP_KAFKA_SSL_KEYSTORE_PASSWORD:-}"
+SASL_MECHANISMS="PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"
 STOP_TIMEOUT=60
 NODE_ID=1
 
@@ -126,19 +156,107 @@ EOF
 
 # ---------------------------------------------------------------- config
 
-# All broker settings live here, so a SASL variant only has to change this
-# function (listeners / security protocol map / jaas) plus NEARDUP_KAFKA_JAVA_OPTS.
+# ---------------------------------------------------------------- secured mode
+
+secure() { [[ "$SECURE" == 1 ]]; }
+with_ssl() { secure && [[ -n "$SSL_KEYSTORE" ]]; }
+
+# The users as "name password" lines, after checking every name and password.
+sasl_users() {
+    local pair name password pairs
+    [[ -n "$SASL_USERS" ]] || die "NEARDUP_KAFKA_SECURE=1 needs NEARDUP_KAFKA_SASL_USERS"
+    IFS=',' read -r -a pairs <<<"$SASL_USERS"
+    for pair in "${pairs[@]}"; do
+        name="${pair%%:*}"
+        password="${pair#*:}"
+        # never echo a password, not even in an error
+        [[ "$pair" == *:* && "$name" =~ ^[A-Za-z0-9._~+=-]+$ \
+            && "$password" =~ ^[A-Za-z0-9._~+=-]+$ ]] \
+            || die "NEARDUP_KAFKA_SASL_USERS: an entry is not name:password of [A-Za-z0-9._~+=-]"
+        echo "$name $password"
+    done
+}
+
+# The listeners' SASL and TLS settings: PLAIN users in each listener's JAAS config
+# (user_<name>="<password>"), SCRAM against the credentials in the metadata log.
+secure_properties() {
+    local users name password plain_users="" listener
+    users="$(sasl_users)" || exit 1
+    while read -r name password; do
+        plain_users+=" user_$name=\"$password\""
+    done <<<"$users"
+    local listeners=(sasl_plaintext)
+    if with_ssl; then listeners+=(sasl_ssl); fi
+    echo "sasl.enabled.mechanisms=$SASL_MECHANISMS"
+    for listener in "${listeners[@]}"; do
+        echo "listener.name.$listener.sasl.enabled.mechanisms=$SASL_MECHANISMS"
+        echo "listener.name.$listener.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required$plain_users;"
+        echo "listener.name.$listener.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        echo "listener.name.$listener.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    done
+    if with_ssl; then
+        echo "listener.name.sasl_ssl.ssl.keystore.type=PKCS12"
+        echo "listener.name.sasl_ssl.ssl.keystore.location=$SSL_KEYSTORE"
+        echo "listener.name.sasl_ssl.ssl.keystore.password=$SSL_KEYSTORE_PASSWORD"
+        echo "listener.name.sasl_ssl.ssl.client.auth=none"
+    fi
+    return 0
+}
+
+# --add-scram arguments of StorageTool format, one a line: every user, both SCRAM hashes.
+scram_args() {
+    local users name password
+    users="$(sasl_users)" || exit 1
+    while read -r name password; do
+        printf '%s\n' --add-scram "SCRAM-SHA-256=[name=$name,password=$password]" \
+            --add-scram "SCRAM-SHA-512=[name=$name,password=$password]"
+    done <<<"$users"
+}
+
+extra_ports() {
+    if secure; then
+        echo "$SASL_PORT"
+        if with_ssl; then echo "$SASL_SSL_PORT"; fi
+    fi
+    return 0
+}
+
+print_servers() {
+    echo "KAFKA_BOOTSTRAP_SERVERS=$HOST:$PORT"
+    if secure; then
+        echo "KAFKA_SASL_PLAINTEXT_SERVERS=$HOST:$SASL_PORT"
+        if with_ssl; then echo "KAFKA_SASL_SSL_SERVERS=$HOST:$SASL_SSL_PORT"; fi
+    fi
+    return 0
+}
+
+# ---------------------------------------------------------------- config
+
+# All broker settings live here; secured mode adds its listeners and their SASL and TLS
+# settings (secure_properties).
 write_server_properties() {
+    local listeners="PLAINTEXT://$HOST:$PORT" protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    if secure; then
+        listeners+=",SASL_PLAINTEXT://$HOST:$SASL_PORT"
+        protocols+=",SASL_PLAINTEXT:SASL_PLAINTEXT"
+        if with_ssl; then
+            [[ -r "$SSL_KEYSTORE" ]] || die "NEARDUP_KAFKA_SSL_KEYSTORE: cannot read $SSL_KEYSTORE"
+            listeners+=",SASL_SSL://$HOST:$SASL_SSL_PORT"
+            protocols+=",SASL_SSL:SASL_SSL"
+        fi
+    fi
+    # secured mode writes passwords into it: readable by the owner only
+    (umask 077 && : >"$PROPS_FILE")
     cat >"$PROPS_FILE" <<EOF
 # generated by kafka-local.sh - single-node KRaft (combined mode), loopback only
 process.roles=broker,controller
 node.id=$NODE_ID
 controller.quorum.voters=$NODE_ID@$HOST:$CONTROLLER_PORT
 controller.listener.names=CONTROLLER
-listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
+listeners=$listeners,CONTROLLER://$HOST:$CONTROLLER_PORT
+advertised.listeners=$listeners,CONTROLLER://$HOST:$CONTROLLER_PORT
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=$protocols
 log.dirs=$DATA_DIR
 
 # single node: every internal topic has one replica
@@ -163,6 +281,10 @@ num.io.threads=4
 num.recovery.threads.per.data.dir=1
 log.retention.hours=24
 EOF
+    if secure; then
+        secure_properties >>"$PROPS_FILE"
+    fi
+    return 0
 }
 
 write_log4j_config() {
@@ -271,6 +393,10 @@ EOF
 broker_ready() {
     grep -q 'Kafka Server started' "$LOG_FILE" 2>/dev/null || return 1
     port_open "$PORT" || return 1
+    local p
+    for p in $(extra_ports); do
+        port_open "$p" || return 1
+    done
     if command -v python3 >/dev/null 2>&1; then
         broker_probe
     fi
@@ -282,11 +408,12 @@ start() {
     local pid
     if pid="$(running_pid)"; then
         log "already running (pid $pid)"
-        echo "KAFKA_BOOTSTRAP_SERVERS=$HOST:$PORT"
+        print_servers
         return 0
     fi
     command -v "$JAVA" >/dev/null 2>&1 || die "java ('$JAVA') not found (JDK 17+ needed)"
-    for p in "$PORT" "$CONTROLLER_PORT"; do
+    if secure; then sasl_users >/dev/null; fi  # fail early on a bad NEARDUP_KAFKA_SASL_USERS
+    for p in "$PORT" "$CONTROLLER_PORT" $(extra_ports); do
         if port_open "$p"; then
             die "port $p on $HOST is already in use by another process"
         fi
@@ -304,8 +431,10 @@ start() {
         cluster_id="$(java_cp kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n1)"
         [[ -n "$cluster_id" ]] || die "could not generate a cluster id"
         log "formatting $DATA_DIR (cluster id $cluster_id)"
+        local scram=()
+        if secure; then mapfile -t scram < <(scram_args); fi
         java_cp kafka.tools.StorageTool format -t "$cluster_id" -c "$PROPS_FILE" \
-            >"$RUN_DIR/format.log" 2>&1 \
+            "${scram[@]}" >"$RUN_DIR/format.log" 2>&1 \
             || { cat "$RUN_DIR/format.log" >&2; die "storage format failed"; }
     fi
 
@@ -338,7 +467,7 @@ start() {
         sleep 0.5
     done
     log "ready after $((SECONDS - started)) s (pid $pid)"
-    echo "KAFKA_BOOTSTRAP_SERVERS=$HOST:$PORT"
+    print_servers
 }
 
 stop_pid() {
@@ -393,6 +522,6 @@ case "${1:-}" in
     start) start ;;
     stop) shift; stop "$@" ;;
     status) status ;;
-    env) echo "export KAFKA_BOOTSTRAP_SERVERS=$HOST:$PORT" ;;
+    env) print_servers | sed 's/^/export /' ;;
     *) usage ;;
 esac

@@ -26,6 +26,7 @@ from aiokafka.helpers import create_ssl_context  # type: ignore[import-untyped]
 from pydantic import ValidationError
 
 from worker.contract import max_line_bytes
+from worker.kafka.security import connection_problem, describe, install_log_redaction
 from worker.settings import Settings
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_NOT_SENT = 0, 1, 2, 3
@@ -209,8 +210,8 @@ async def produce(
 ) -> None:
     """Send every line to ``topic``, waiting for every acknowledgement before returning."""
     producer = (factory or AIOKafkaProducer)(**kwargs)
-    await producer.start()
     try:
+        await producer.start()  # inside: a producer that failed to start is closed too
         pending: list[tuple[str, asyncio.Future[Any]]] = []
         for line in lines:
             pending.append((line.source, await producer.send(topic, line.value, key=line.key)))
@@ -266,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # pydantic's message names the field and the problem; SecretStr inputs are masked.
         _warn(f"bad settings: {exc}")
         return EXIT_USAGE
+    install_log_redaction(settings)
     topic = args.topic or settings.topic_raw
     limit = args.max_message_bytes or max_line_bytes(settings.engine.max_bytes)
     try:
@@ -289,7 +291,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         asyncio.run(produce(lines, topic, kwargs, tally))
     except Exception as exc:  # connection or authentication failure: say it once, plainly
-        _warn(f"cannot produce to {settings.brokers}: {type(exc).__name__}: {exc}")
+        why = f"{type(exc).__name__}: {exc}"
+        if type(exc).__name__ == "KafkaConnectionError":  # aiokafka names no cause: find it
+            why = asyncio.run(connection_problem(settings))
+        _warn(f"cannot produce to {describe(settings)}: {why}")
         tally.failed += 1
     print(
         f"sent {tally.sent} messages to {topic} at {settings.brokers}"

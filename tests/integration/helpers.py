@@ -201,13 +201,17 @@ def produce(bootstrap: str, topic: str, values: Iterable[bytes]) -> None:
 
 
 class Collector:
-    """Reads output topics from the beginning, in a background thread of its own."""
+    """Reads output topics from the beginning, in a background thread of its own.
+    ``client`` adds keyword arguments of aiokafka's consumer (security)."""
 
-    def __init__(self, bootstrap: str, topics: list[str]) -> None:
+    def __init__(
+        self, bootstrap: str, topics: list[str], client: dict[str, Any] | None = None
+    ) -> None:
         import threading
 
         self.bootstrap = bootstrap
         self.topics = topics
+        self.client = client or {}
         self.messages: dict[str, list[dict[str, Any]]] = {t: [] for t in topics}
         #: When each message was read (time.time()), beside ``messages``.
         self.times: dict[str, list[float]] = {t: [] for t in topics}
@@ -225,6 +229,7 @@ class Collector:
             enable_auto_commit=False,
             group_id=None,
             metadata_max_age_ms=1000,
+            **self.client,
         )
         await consumer.start()
         try:
@@ -255,6 +260,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def listening(pid: int) -> set[tuple[str, int]]:
+    """The TCP (v4 and v6) addresses process ``pid`` listens on, from ``/proc`` (Linux)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found = set()
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            addr_hex, port_hex = local.split(":")
+            # the kernel prints each 32-bit word of the address in host (little-endian) order
+            raw = b"".join(
+                bytes.fromhex(addr_hex[i : i + 8])[::-1] for i in range(0, len(addr_hex), 8)
+            )
+            found.add((socket.inet_ntop(family, raw), int(port_hex, 16)))
+    return found
+
+
 class WorkerProcess:
     """``python -m worker.kafka worker`` with its own state directory and HTTP port."""
 
@@ -267,9 +298,12 @@ class WorkerProcess:
         log: Path,
         *,
         topology: str = "routed",
+        env: dict[str, str] | None = None,
+        loglevel: str = "info",
     ) -> None:
         self.port = free_port()
         self.log = log
+        self.loglevel = loglevel
         self.env = {
             **os.environ,
             "NEARDUP_BROKERS": bootstrap,
@@ -285,6 +319,7 @@ class WorkerProcess:
             "NEARDUP_MARK_INTERVAL_MS": "200",
             "NEARDUP_STANDBY_REPLICAS": "0",
             "NEARDUP_TOPOLOGY": topology,
+            **(env or {}),
         }
         self.proc: subprocess.Popen[bytes] | None = None
         #: Stopped or killed on purpose.
@@ -293,7 +328,7 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         fh = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.kafka", "worker", "-l", "info"],
+            [sys.executable, "-m", "worker.kafka", "worker", "-l", self.loglevel],
             env=self.env,
             cwd=ROOT,
             stdout=fh,
@@ -303,13 +338,19 @@ class WorkerProcess:
         return self
 
     def get(self, path: str) -> int:
+        return self.fetch(path)[0]
+
+    def fetch(self, path: str) -> tuple[int, str]:
+        """GET ``path`` on the worker's endpoint: status and body (0 and "" if it does not
+        answer)."""
+        url = f"http://127.0.0.1:{self.port}{path}"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
-                return int(r.status)
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return int(r.status), r.read().decode(errors="replace")
         except urllib.error.HTTPError as exc:
-            return int(exc.code)
+            return int(exc.code), exc.read().decode(errors="replace")
         except OSError:
-            return 0
+            return 0, ""
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

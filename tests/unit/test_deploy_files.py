@@ -160,3 +160,21 @@ def test_values_schema_matches_settings() -> None:
         got = prop if "type" in prop else prop["anyOf"][0]
         for bound in ("enum", "minimum", "maximum"):
             assert got.get(bound) == want.get(bound), f"{name}.{bound}"
+
+
+def test_the_build_context_holds_what_the_dockerfile_copies() -> None:
+    """.dockerignore is an allow-list: a file the Dockerfile copies (requirements.lock, say)
+    but the list leaves out would break `docker build`, which cannot run here."""
+    allowed = {
+        line[1:].rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.startswith("!")
+    }
+    copied = []
+    for line in (ROOT / "Dockerfile").read_text(encoding="utf-8").splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
+            copied += words[1:-1]
+    assert "requirements.lock" in copied
+    assert sorted(set(copied) - allowed) == []
+    assert all((ROOT / path).exists() for path in copied)

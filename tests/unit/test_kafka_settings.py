@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import io
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from worker.kafka.__main__ import RUNNING_MARKER, prepare_state, release_state
-from worker.kafka.security import aiokafka_kwargs, faust_credentials
+from worker.kafka.security import (
+    REDACTED,
+    aiokafka_kwargs,
+    describe,
+    faust_credentials,
+    install_log_redaction,
+    secret_forms,
+)
 from worker.kafka.topics import TopicNames
 from worker.settings import Settings
 
@@ -86,3 +97,71 @@ def test_topics_the_worker_creates_take_its_largest_messages() -> None:
         "max.message.bytes": str(STATE_MAX_MESSAGE_BYTES)
     }
     assert _configs(names.decisions, names, fixed, settings) == {}
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    factory = logging.getLogRecordFactory()
+    conn_filters = list(logging.getLogger("aiokafka.conn").filters)
+    yield
+    logging.setLogRecordFactory(factory)
+    logging.getLogger("aiokafka.conn").filters[:] = conn_filters
+
+
+def test_log_records_never_carry_the_password(
+    restore_logging: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever logger writes it, as text, in arguments, as bytes, in a traceback; and
+    aiokafka's DEBUG dump of the SASL PLAIN request."""
+    secret = 'pä$$-w0rd"x'
+    settings = Settings(
+        security_protocol="SASL_PLAINTEXT",
+        sasl_username="u",
+        sasl_password=secret,  # type: ignore[arg-type]
+    )
+    install_log_redaction(settings)
+    install_log_redaction(settings)  # twice is harmless
+    payload = ("u\x00u\x00" + secret).encode()
+    with caplog.at_level(logging.DEBUG):
+        logging.getLogger("some.library").warning("config %s", {"password": secret})
+        logging.getLogger("other").info(f"inline {secret}!")
+        logging.getLogger("aiokafka.conn").debug(
+            "Request to %s:%d %d: %s",
+            "127.0.0.1",
+            9092,
+            3,
+            f"SaslAuthenticateRequest_v1(sasl_auth_bytes={payload!r})",
+        )
+        logging.getLogger("other").debug("as bytes %r", secret.encode())
+        try:
+            raise RuntimeError(f"failed with {secret}")
+        except RuntimeError:
+            logging.getLogger("other").exception("boom")
+    handler = logging.StreamHandler(io.StringIO())
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    for record in caplog.records:
+        handler.handle(record)
+    text = handler.stream.getvalue() + caplog.text
+    assert len(caplog.records) == 5
+    assert "Request to 127.0.0.1:9092 3: SaslAuthenticate (payload redacted)" in text
+    assert REDACTED in text and "Traceback" in text
+    for form in secret_forms(secret):
+        assert form not in text, form
+    assert "w0rd" not in text
+
+
+def test_errors_about_settings_do_not_show_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEARDUP_SASL_PASSWORD", "s3cret-pw-in-env")
+    monkeypatch.setenv("NEARDUP_SASL_USERNAME", "neardup")
+    monkeypatch.setenv("NEARDUP_PARTITIONS", "0")  # invalid: the whole object is refused
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    assert "partitions" in str(caught.value)
+    assert "s3cret-pw-in-env" not in str(caught.value) + repr(caught.value)
+    monkeypatch.setenv("NEARDUP_PARTITIONS", "2")
+    settings = Settings(security_protocol="SASL_SSL")  # type: ignore[arg-type]
+    assert settings.sasl_password is not None
+    assert settings.sasl_password.get_secret_value() == "s3cret-pw-in-env"
+    for text in (describe(settings), repr(settings), str(settings), settings.model_dump_json()):
+        assert "s3cret-pw-in-env" not in text
+    assert "as user 'neardup'" in describe(settings)

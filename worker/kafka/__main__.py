@@ -8,12 +8,14 @@ from the changelog, which is the state every other worker would see.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
 import sys
 from pathlib import Path
 
+from worker.kafka.security import connection_problem, describe, install_log_redaction
 from worker.kafka.topics import ensure_topics_sync
 from worker.settings import Settings
 
@@ -44,9 +46,24 @@ def release_state(state_dir: str) -> None:
     (Path(state_dir) / RUNNING_MARKER).unlink(missing_ok=True)
 
 
+def create_topics(settings: Settings) -> None:
+    """Create the worker's missing topics; a broker that cannot be reached (a wrong
+    password, an untrusted certificate) ends the worker with a message naming the cause."""
+    from aiokafka.errors import KafkaConnectionError  # type: ignore[import-untyped]
+
+    try:
+        ensure_topics_sync(settings)
+    except KafkaConnectionError:
+        problem = asyncio.run(connection_problem(settings))
+        raise SystemExit(
+            f"neardup worker: cannot connect to the brokers, {describe(settings)}: {problem}"
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     settings = Settings()
+    install_log_redaction(settings)
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -54,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     worker = Worker(settings)
     if argv[:1] == ["worker"]:
-        ensure_topics_sync(settings)
+        create_topics(settings)
         prepare_state(settings.state_dir, str(worker.app.conf.tabledir))
         if not {"--with-web", "--without-web"} & set(argv):
             # Faust's own web server would bind 0.0.0.0:6066; ours is worker.kafka.http

@@ -5,7 +5,11 @@
   tables, 503 while it rebalances or recovers.
 * ``/metrics``: Prometheus text format.
 
-Any other path is 404, any other method 405 (``HEAD`` is answered like ``GET``).
+Any other path is 404, any other method 405 (``HEAD`` is answered like ``GET``). The
+query string is ignored; paths are compared exactly, after percent-decoding, so
+``/metrics/``, ``/METRICS`` and ``/healthz/../metrics`` are 404. There are no files to
+serve. Malformed requests (a header line over 8 KiB, over 128 headers, a request line that
+is not HTTP) get aiohttp's 400 and one DEBUG line, not an ERROR with a traceback each.
 """
 
 from __future__ import annotations
@@ -14,10 +18,35 @@ import logging
 from collections.abc import Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _QuietBadRequests(logging.Filter):
+    """aiohttp logs most malformed requests as an ERROR with a traceback; anyone who can reach
+    the port could fill the log with them. They are refused (400) all the same: keep one
+    DEBUG line each, or nothing when DEBUG is off."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        if not log.isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.msg, record.args = "refused a malformed request: %d %.200s", (exc.code, exc.message)
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_bad_requests() -> None:
+    """Install ``_QuietBadRequests`` on aiohttp's server logger (once)."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _QuietBadRequests) for f in server_log.filters):
+        server_log.addFilter(_QuietBadRequests())
 
 
 def make_app(render_metrics: Callable[[], bytes], is_ready: Callable[[], bool]) -> web.Application:
@@ -54,6 +83,7 @@ async def serve(
     host: str, port: int, render_metrics: Callable[[], bytes], is_ready: Callable[[], bool]
 ) -> web.AppRunner:
     """Start the endpoint; returns the runner (``await runner.cleanup()`` stops it)."""
+    quiet_bad_requests()
     runner = web.AppRunner(make_app(render_metrics, is_ready), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
