@@ -31,6 +31,7 @@ from worker.fingerprint import (
     Fingerprints,
     fingerprint,
     hash64,
+    period_strings,
 )
 from worker.index import KVIndex, make_entry
 from worker.normalise import normalise
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 #: A page whose non-template sentences hold at most this share of its 5-grams, and no
 #: period string, is template-only.
 TEMPLATE_ONLY_SHARE = 0.2
+#: The template filter counts at most this many of a page's prose strings (the lowest
+#: hashes): a page with thousands of comments must not write thousands of counts.
+MAX_PROSE_STRINGS = 256
 STAGES = ("decode", "extract", "normalise", "template", "fingerprint", "index", "cluster")
 
 
@@ -81,6 +85,10 @@ class Analysed:
     #: sentences carry most of its 5-grams: nothing is left to compare, so the page is
     #: decided unique and kept out of the index (it must not join unrelated pages).
     template_only: bool = False
+    #: Period strings of the prose anywhere on the page (``Extracted.prose``): the
+    #: template filter counts them with the main text's, so that a template's leftover
+    #: paragraph is learned as template also from the pages whose main text left it out.
+    prose_strings: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +221,8 @@ def analyse(  # noqa: PLR0911
         fps = fingerprint(text, cfg)
     if fps.words < 2:
         return Rejected(Reason.NO_TEXT, "fewer than two words of main text", page.page_id, page.url)
+    with st.timed("template"):
+        prose = prose_strings(extracted.prose, cfg)
     return Analysed(
         page,
         page_pid(page.page_id),
@@ -223,7 +233,16 @@ def analyse(  # noqa: PLR0911
         fps,
         decoded.charset,
         decoded.layer,
+        prose_strings=prose,
     )
+
+
+def prose_strings(prose: tuple[str, ...], cfg: EngineConfig) -> tuple[int, ...]:
+    """Hashed period strings of a page's prose, normalised like its main text."""
+    if not prose:
+        return ()
+    strings = {hash64(s) for s in period_strings(normalise("\n".join(prose)), cfg.period_len)}
+    return tuple(sorted(strings)[:MAX_PROSE_STRINGS])
 
 
 def conflicts_with(decision: Mapping[str, Any], a: Analysed) -> bool:
@@ -299,7 +318,7 @@ class Engine:
         """The page without its host's template sentences; counts the page in its host's
         template statistics."""
         with self.stats.timed("template"):
-            template, _ = self.templates.filter(a.host, a.fps.strings)
+            template, _ = self.templates.filter(a.host, a.fps.strings, a.prose_strings)
         self.stats.template_dropped += len(template)
         return without_template(a, template, self.cfg)
 

@@ -36,7 +36,8 @@ DEFAULT_EXTRACTOR: Final = "density"
 #: existed. Prefer the real name, because it is what decisions record.
 EXTRACTORS: Final = ("density", "fast", "resiliparse", "trafilatura")
 
-_Lines = tuple[str, list[str]]  # (title, raw lines before noise filtering)
+# (title, raw lines before noise filtering, the page's prose-like blocks wherever they are)
+_Lines = tuple[str, list[str], list[str]]
 # An extractor gets the page twice: as text, and as UTF-8 bytes (what lexbor parses;
 # "replace" because a decoder's lone surrogates must not make a page unparseable).
 _Extractor = Callable[[str, bytes], _Lines]
@@ -201,6 +202,11 @@ _PRUNE_SELECTOR: Final = ",".join(
                          "section", "h1", "h2", "h3", "h4", "h5", "h6"})
 )  # fmt: skip
 _PRUNE_LINK_DENSITY: Final = 0.6
+# Elements a browser does not show: templates keep dialogs, tabs and old copy hidden
+# with an inline style or the ``hidden`` attribute. The selector finds candidates cheaply
+# (an attribute substring); the pattern decides.
+_HIDDEN_SELECTOR: Final = '[hidden],[style*="none"],[style*="hidden"]'
+_HIDDEN_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.IGNORECASE)
 # class/id words of article bodies and of page furniture. Whole words between - _ or
 # digits, so "content" matches "article-content" but "right" does not match "copyright".
 _POSITIVE_HINT = re.compile(
@@ -214,6 +220,17 @@ _NEGATIVE_HINT = re.compile(
     r"tie|tw|list|links|breadcrumb|crumb)(?:[-_\s\d]|$)",
     re.IGNORECASE,
 )
+# class/id words of reader comments and replies. Readability drops such elements before
+# scoring ("unlikely candidates"); here a container inside one keeps a tenth of its score,
+# so that a long comment cannot outvote a short article, yet a page made of nothing else
+# still yields its text. A name that also says article/body/main (readability's
+# "okMaybe") is not one: "article-comment-count" sits inside many article bodies.
+_COMMENT_HINT = re.compile(
+    r"(?:^|[-_\s])(?:comment|comments|reply|replies|disqus|remark|remarks|tie)(?:[-_\s\d]|$)",
+    re.IGNORECASE,
+)
+_OK_MAYBE_HINT = re.compile(r"article|body|main|column|shadow", re.IGNORECASE)
+_COMMENT_FACTOR: Final = 0.1
 _HINT_ANCESTORS: Final = 12
 # Candidates whose link/hint-adjusted score is computed, at most; enough in practice
 # because candidates are visited best first and the walk stops when none can win.
@@ -268,16 +285,21 @@ def _class_id(node: LexborNode) -> str:
 
 
 def _hint(node: LexborNode) -> float:
-    """Class/id factor: 1.5 for an article-like name, 0.5 inside a sidebar/comment box."""
+    """Class/id factor: 1.5 for an article-like name, 0.5 inside a sidebar or list, 0.1
+    inside readers' comments."""
     factor = _BEST_HINT if _POSITIVE_HINT.search(_class_id(node)) else 1.0
+    negative = 1.0
     cur: LexborNode | None = node
     for _ in range(_HINT_ANCESTORS):
         if cur is None or cur.tag in ("body", "html"):
             break
-        if _NEGATIVE_HINT.search(_class_id(cur)):
-            return factor * 0.5
+        names = _class_id(cur)
+        if _COMMENT_HINT.search(names) and not _OK_MAYBE_HINT.search(names):
+            return _COMMENT_FACTOR  # readers' comments: never the article's positive hint
+        if negative == 1.0 and _NEGATIVE_HINT.search(names):
+            negative = 0.5
         cur = cur.parent
-    return factor
+    return factor * negative
 
 
 @dataclass(slots=True)
@@ -346,7 +368,9 @@ def _unwrap_inline(container: LexborNode) -> None:
         node.unwrap()
 
 
-def _best_container(scan: _Scan, thorough: bool) -> tuple[LexborNode | None, float]:
+def _best_container(
+    scan: _Scan, thorough: bool, prose: list[str] | None = None
+) -> tuple[LexborNode | None, float]:
     """The block whose paragraphs score highest, discounted by links and class hints.
 
     Every paragraph credits its owner in full and the owner's parent by half
@@ -355,12 +379,15 @@ def _best_container(scan: _Scan, thorough: bool) -> tuple[LexborNode | None, flo
     makes the block its own owner. The ``thorough`` pass also reads text that sits in
     inline wrappers (``<div><span>text</span></div>``, ``<font>text<br>text</font>``);
     it costs twice as much, so it runs only when the quick pass finds little.
+    Every scored text goes into ``prose``, when given.
     """
     scores: dict[LexborNode, float] = {}
 
-    def credit(owner: LexborNode | None, score: float) -> None:
+    def credit(owner: LexborNode | None, score: float, text: str = "") -> None:
         if owner is None:
             return
+        if text and prose is not None:
+            prose.append(text)
         scores[owner] = scores.get(owner, 0.0) + score
         parent = owner.parent
         if parent is not None:
@@ -374,14 +401,16 @@ def _best_container(scan: _Scan, thorough: bool) -> tuple[LexborNode | None, flo
         owner = p.parent
         if owner is None or owner.tag == "a":  # a linked teaser: "related news" furniture
             continue
-        score = _unit_score(p.text().strip())
+        text = p.text().strip()
+        score = _unit_score(text)
         if score:
-            credit(owner, score)
+            credit(owner, score, text)
     held: set[int] = set()  # blocks credited for text of their own
     for block in chain(scan.blocks, wrappers):
-        score = _unit_score(block.text(deep=False).strip())
+        text = block.text(deep=False).strip()
+        score = _unit_score(text)
         if score:
-            credit(block, score)
+            credit(block, score, text)
             held.add(block.mem_id)
         elif thorough and block.tag not in _LIST_ITEMS and _is_leaf(block):
             score = _unit_score(block.text().strip(), _THOROUGH_MIN_PUNCT)
@@ -401,6 +430,11 @@ def _best_container(scan: _Scan, thorough: bool) -> tuple[LexborNode | None, flo
             score = _unit_score(holder.text().strip(), _THOROUGH_MIN_PUNCT)
             if score:
                 credit(holder, score * _THOROUGH_WEIGHT)
+    return _rank(scores)
+
+
+def _rank(scores: dict[LexborNode, float]) -> tuple[LexborNode | None, float]:
+    """The best of the scored blocks once discounted by link density and class hints."""
     if not scores:
         return None, 0.0
     ranked = sorted(scores.items(), key=lambda kv: kv[1], reverse=True)[:_MAX_CANDIDATES]
@@ -428,7 +462,8 @@ def _is_leaf(node: LexborNode) -> bool:
 
 
 def _prune(container: LexborNode) -> None:
-    """Remove junk elements and mostly-link blocks (related lists, ads) in the container."""
+    """Remove junk elements, hidden elements and mostly-link blocks (related lists, ads)
+    in the container."""
     stop = container.mem_id
     # Link text per ancestor, from one pass over the links: half the cost of asking every
     # block for its own links.
@@ -439,7 +474,14 @@ def _prune(container: LexborNode) -> None:
         while cur is not None and cur.mem_id != stop:
             linked[cur.mem_id] = linked.get(cur.mem_id, 0) + n
             cur = cur.parent
-    doomed: list[LexborNode] = []
+    doomed: list[LexborNode] = [
+        node
+        for node in container.css(_HIDDEN_SELECTOR)
+        if node.mem_id != stop
+        and (
+            "hidden" in node.attributes or _HIDDEN_STYLE.search(node.attributes.get("style") or "")
+        )
+    ]
     for block in container.css(_PRUNE_SELECTOR):
         key = block.mem_id
         if key == stop:  # css() matches the node itself too
@@ -467,20 +509,21 @@ def _density(html: str, data: bytes) -> _Lines:
     tree = LexborHTMLParser(data)
     body = tree.body
     if body is None:
-        return _lexbor_title(tree, []), []
+        return _lexbor_title(tree, []), [], []
     scan = _scan(body)
     title = _lexbor_title(tree, scan.h1s)
-    container, score = _best_container(scan, thorough=False)
+    prose: list[str] = []
+    container, score = _best_container(scan, thorough=False, prose=prose)
     if score < _WEAK_SCORE:
         second, second_score = _best_container(scan, thorough=True)
         if second_score > _THOROUGH_MARGIN * score:
             container = second
     if container is None:
-        return title, []
+        return title, [], prose
     _prune(container)
     _unwrap_inline(container)
     container.merge_text_nodes()
-    return title, _clean_lines(container.text(separator="\n"))
+    return title, _clean_lines(container.text(separator="\n")), prose
 
 
 # -------------------------------------------------------------- resiliparse extractor
@@ -505,7 +548,7 @@ def _resiliparse(html: str, data: bytes) -> _Lines:
         alt_texts=False,
         comments=False,
     )
-    return title, _clean_lines(text)
+    return title, _clean_lines(text), []
 
 
 # ------------------------------------------------------------- trafilatura extractor
@@ -529,7 +572,7 @@ def _trafilatura(html: str, data: bytes) -> _Lines:
         with_metadata=False,
     )
     text = getattr(doc, "text", None) if doc is not None else None
-    return title, _clean_lines(text or "")
+    return title, _clean_lines(text or ""), []
 
 
 _IMPLEMENTATIONS: Final[dict[str, _Extractor]] = {
@@ -779,11 +822,11 @@ def extract(decoded: Decoded, extractor: str = DEFAULT_EXTRACTOR) -> Extracted |
         detail = f"elements nested about {depth} deep, more than {_MAX_DEPTH}"
         return Rejected(Reason.TOO_LARGE, detail, page.page_id, page.url)
     try:
-        title, lines = impl(html, data)
+        title, lines, prose = impl(html, data)
         paragraphs = strip_noise(_drop_title_lines(title, lines))
     except Exception as exc:  # a parser failure on one page is data, not a crash
         detail = f"{extractor}: {type(exc).__name__}: {exc}"[:300]
         return Rejected(Reason.INTERNAL, detail, page.page_id, page.url)
     if not paragraphs:
         return Rejected(Reason.NO_TEXT, f"{extractor}: no main text", page.page_id, page.url)
-    return Extracted(page, title, paragraphs)
+    return Extracted(page, title, paragraphs, tuple(prose))

@@ -80,6 +80,10 @@ class Extracted:
     page: RawPage
     title: str
     paragraphs: tuple[str, ...]
+    #: Prose found anywhere on the page (the main text's paragraphs among it), for the
+    #: learned template filter only: a template's leftover paragraph is template text
+    #: whether or not the extractor took it into a given page's main text.
+    prose: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:

@@ -182,7 +182,10 @@ def _result_from(header: dict[str, Any], payload: bytes, page: RawPage) -> Analy
             fps[name] = tuple(value) if isinstance(value, list) else value
     if at != len(payload):
         raise ValueError("sandbox reply: payload does not match its header")
-    return Analysed(page=page, fps=Fingerprints(**fps), **header["analysed"])
+    analysed: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in header["analysed"].items()
+    }
+    return Analysed(page=page, fps=Fingerprints(**fps), **analysed)
 
 
 # ------------------------------------------------------------ blocking I/O, in the worker

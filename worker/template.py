@@ -27,8 +27,11 @@ class TemplateFilter:
     def _host_key(host: str) -> bytes:
         return hash64(host).to_bytes(8, "big")
 
-    def filter(self, host: str, strings: Sequence[int]) -> tuple[set[int], int]:
-        """Which of ``strings`` are template text for ``host``; then count this page in.
+    def filter(
+        self, host: str, strings: Sequence[int], also: Sequence[int] = ()
+    ) -> tuple[set[int], int]:
+        """Which of ``strings`` are template text for ``host``; then count this page in,
+        with ``also`` (strings the page carries outside its main text).
 
         Returns the template strings and how many pages of the host were seen before.
         """
@@ -37,7 +40,7 @@ class TemplateFilter:
         seen = _PAGES.unpack(raw_pages)[0] if raw_pages else 0
         window = self.cfg.template_window
         gen = seen // window
-        distinct = sorted(set(strings))
+        distinct = sorted(set(strings).union(also))
         cur = [b"T" + hk + gen.to_bytes(4, "big") + s.to_bytes(8, "big") for s in distinct]
         prev = (
             [b"T" + hk + (gen - 1).to_bytes(4, "big") + s.to_bytes(8, "big") for s in distinct]
@@ -52,7 +55,8 @@ class TemplateFilter:
                     counts[i] += _COUNT.unpack(v)[0]
         in_window = seen if gen == 0 else window + seen % window
         need = max(self.cfg.template_min_df, self.cfg.template_frac * in_window)
-        template = {s for s, c in zip(distinct, counts, strict=True) if c >= need}
+        mine = set(strings)
+        template = {s for s, c in zip(distinct, counts, strict=True) if c >= need and s in mine}
 
         cur_counts = [_COUNT.unpack(v)[0] if v else 0 for v in values[: len(cur)]]
         writes = [(k, _COUNT.pack(c + 1)) for k, c in zip(cur, cur_counts, strict=True)]

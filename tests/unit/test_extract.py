@@ -281,6 +281,42 @@ def test_comments_lose_to_the_article() -> None:
     assert result.paragraphs == tuple(PROSE)
 
 
+def test_a_long_comment_loses_to_a_short_article() -> None:
+    # The article is one short sentence; a reader's comment, long and full of commas,
+    # sits in a "content" box inside the comment section. Its score is ten times the
+    # article's; the comment section's name must outweigh that.
+    short = "本报讯 市气象台今天发布寒潮蓝色预警。"
+    long_comment = "，".join(
+        ["昨天我们这里已经降温了", "出门一定要多穿衣服", "老人孩子尤其注意"] * 6
+    )
+    body = (
+        f"<div class='article-box'><h1>寒潮预警</h1><div class='article-content'><p>{short}</p>"
+        "</div></div><div id='comment'><ul>"
+        + "".join(
+            f"<li class='c-item'><div class='c-content'><p>{long_comment}{n}。</p></div></li>"
+            for n in range(3)
+        )
+        + "</ul></div>"
+    )
+    result = run(article(body, title="寒潮预警"))
+    assert isinstance(result, Extracted)
+    assert result.paragraphs == (short,)
+    # the comments are still prose of the page, for the template filter
+    assert any("出门一定要多穿衣服" in line for line in result.prose)
+
+
+def test_hidden_elements_in_the_article_are_dropped() -> None:
+    hidden = (
+        "<div style='display: none'>举报文章问题，请选择举报理由，取消，确认。</div>"
+        "<p hidden>这是一段隐藏起来的旧文字，浏览器不会显示它。</p>"
+        "<div style='VISIBILITY:hidden'>另一段看不见的文字，也不属于正文。</div>"
+    )
+    body = f"<div class='article'>{''.join(f'<p>{p}</p>' for p in PROSE)}{hidden}</div>"
+    result = run(article(body))
+    assert isinstance(result, Extracted)
+    assert result.paragraphs == tuple(PROSE)
+
+
 def test_extraction_is_deterministic() -> None:
     page = article("".join(f"<p>{p}</p>" for p in PROSE))
     assert run(page) == run(page)  # records compare by value: same title, same paragraphs

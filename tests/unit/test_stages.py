@@ -58,6 +58,34 @@ def test_template_strings_are_learnt_per_host() -> None:
     assert other == set() and seen == 0
 
 
+def test_template_strings_are_learnt_from_prose_outside_the_main_text() -> None:
+    # String 7 is a template paragraph the extractor left out of three pages' main text
+    # (it was only in their prose); on the fourth page it is in the main text: template.
+    kv = BufferedKV(MemoryKV())
+    tf = TemplateFilter(kv, CFG.with_overrides(template_min_df=3))
+    for i in range(3):
+        template, _ = tf.filter("a.example.cn", [100 + i], also=[7, 100 + i])
+        kv.commit()
+        assert template == set()
+    template, _ = tf.filter("a.example.cn", [7, 999], also=[8])
+    assert template == {7}  # only strings of the main text are reported
+    kv.commit()
+    template, _ = tf.filter("a.example.cn", [8], also=[])
+    assert template == set()  # 8 was counted once
+
+
+def test_prose_strings_are_normalised_like_the_main_text() -> None:
+    from worker.engine import prose_strings
+    from worker.fingerprint import fingerprint
+
+    main = "市气象台今天发布寒潮蓝色预警。"
+    trad = ("市氣象台今天發布寒潮藍色預警。", "其他段落，與正文無關。")
+    got = prose_strings(trad, CFG)
+    assert set(fingerprint(normalise(main), CFG).strings) < set(got)
+    assert len(got) == 2 and got == tuple(sorted(got))
+    assert prose_strings((), CFG) == ()
+
+
 def test_template_counts_are_bounded_by_two_generations() -> None:
     inner = MemoryKV()
     kv = BufferedKV(inner)
