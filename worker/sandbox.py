@@ -223,28 +223,35 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _vm_bytes() -> tuple[int, int]:
-    """(virtual size, resident size) of this process, in bytes."""
-    with open("/proc/self/statm", "rb") as fh:
-        size, resident = fh.read().split()[:2]
-    page = os.sysconf("SC_PAGE_SIZE")
-    return int(size) * page, int(resident) * page
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _peak_bytes() -> int:
-    """The most address space this process has held (VmPeak), in bytes."""
-    with open("/proc/self/status", "rb") as fh:
-        for line in fh:
-            if line.startswith(b"VmPeak:"):
-                return int(line.split()[1]) * 1024
-    return 0
+class _Meter:
+    """This process's memory from /proc, read with pread on descriptors opened once: the
+    worker asks after every page, and an open and a Python file object per read cost
+    more than the kernel's answer."""
+
+    def __init__(self) -> None:
+        self.statm = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+        self.status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+
+    def vm_bytes(self) -> tuple[int, int]:
+        """(virtual size, resident size) of this process, in bytes."""
+        size, resident = os.pread(self.statm, 256, 0).split()[:2]
+        return int(size) * _PAGE_SIZE, int(resident) * _PAGE_SIZE
+
+    def peak_bytes(self) -> int:
+        """The most address space this process has held (VmPeak), in bytes."""
+        status = os.pread(self.status, 1 << 14, 0)
+        at = status.find(b"VmPeak:")
+        return int(status[at + 7 : status.index(b"\n", at)].split()[0]) * 1024 if at >= 0 else 0
 
 
-def _limit_memory(max_mb: int) -> int:
+def _limit_memory(max_mb: int, meter: _Meter) -> int:
     """Cap this process's address space at its current size plus ``max_mb`` MiB."""
     if not max_mb:
         return 0
-    limit = _vm_bytes()[0] + max_mb * 1024 * 1024
+    limit = meter.vm_bytes()[0] + max_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     return limit
 
@@ -263,9 +270,10 @@ def _analyse_one(page: RawPage, cfg: EngineConfig, stats: Stats) -> Analysed | R
 
 def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
     """The worker's loop: page frames in, result frames out, until the pipe closes."""
-    limit = _limit_memory(cfg.extract_max_mb)
+    meter = _Meter()
+    limit = _limit_memory(cfg.extract_max_mb, meter)
     headroom = RETIRE_SHARE * cfg.extract_max_mb * 1024 * 1024
-    retire_rss = _vm_bytes()[1] + headroom
+    retire_rss = meter.vm_bytes()[1] + headroom
     while True:
         try:
             header, payload = _read_frame_blocking(rfd)
@@ -274,7 +282,7 @@ def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
         page = _page_from(header, payload)
         stats = Stats()
         result = _analyse_one(page, cfg, stats)
-        exhausted = bool(limit) and _peak_bytes() > limit - headroom
+        exhausted = bool(limit) and meter.peak_bytes() > limit - headroom
         if (
             isinstance(result, Rejected)
             and result.reason is Reason.INTERNAL
@@ -286,7 +294,7 @@ def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
             detail = f"analysis needed more than {cfg.extract_max_mb} MiB ({result.detail})"
             result = Rejected(Reason.TOO_LARGE, detail[:500], page.page_id, page.url)
             exhausted = True
-        retire = exhausted or (bool(limit) and _vm_bytes()[1] > retire_rss)
+        retire = exhausted or (bool(limit) and meter.vm_bytes()[1] > retire_rss)
         _write_all_blocking(wfd, _result_frame(result, stats.seconds, retire))
         if retire:
             return
