@@ -16,8 +16,6 @@ import zlib
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any, Protocol
 
-from warcio.archiveiterator import ArchiveIterator
-
 from worker.contract import derive_page_id, max_line_bytes, parse_raw
 from worker.records import RawPage, Reason, Rejected
 
@@ -133,6 +131,8 @@ def _warc_pages(
 ) -> Generator[RawPage | Rejected, None, int | None]:
     """Pages of the records after the first ``skip``. Returns None when done, or the number
     of records read if warcio found one gzip member holding several records."""
+    from warcio.archiveiterator import ArchiveIterator  # only for WARC input
+
     archive = ArchiveIterator(stream)
     records = iter(archive)
     number = 0
