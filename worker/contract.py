@@ -19,14 +19,17 @@ from collections.abc import Iterator, Mapping
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import orjson
 import pybase64
-from jsonschema import Draft202012Validator, FormatChecker
-from jsonschema.exceptions import ValidationError, best_match
 
 from worker.records import RawPage, Reason, Rejected
+
+if TYPE_CHECKING:  # jsonschema is imported when first needed: nearly every message takes
+    # the fast path, and the import costs 0.1-0.2 s of CPU at every start.
+    from jsonschema import Draft202012Validator, FormatChecker
+    from jsonschema.exceptions import ValidationError
 
 # Short names used by callers and the CLI self-check, mapped to schema files.
 SCHEMA_FILES: Mapping[str, str] = {
@@ -103,6 +106,8 @@ def _is_rfc3339(instance: object) -> bool:
 def _format_checker() -> FormatChecker:
     # jsonschema checks "date-time" only when the optional rfc3339-validator is installed;
     # a checker of our own keeps the contract the same on every machine.
+    from jsonschema import FormatChecker
+
     checker = FormatChecker(formats=())
     checker.checks("date-time")(_is_rfc3339)
     return checker
@@ -113,6 +118,8 @@ def _validator(kind: str) -> Draft202012Validator:
     # Compiled once per process from files shipped with the package: a constant, not state.
     if kind not in SCHEMA_FILES:
         raise ValueError(f"unknown schema kind {kind!r}; expected one of {sorted(SCHEMA_FILES)}")
+    from jsonschema import Draft202012Validator
+
     schema = load_schema(kind)
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema, format_checker=_format_checker())
@@ -161,6 +168,8 @@ def _describe(error: ValidationError) -> str:
 def _first_error(kind: str, obj: object) -> ValidationError | None:
     if kind == "raw" and _plainly_valid_raw(obj):
         return None  # what nearly every message is, in 3 us rather than jsonschema's 36
+    from jsonschema.exceptions import best_match
+
     error: ValidationError | None = best_match(_errors(kind, obj))
     # best_match descends into a oneOf's alternatives and would report only one of them
     # ("'html' is a required property"); the alternatives together say more.

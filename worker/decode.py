@@ -30,8 +30,6 @@ import contextlib
 import re
 from collections.abc import Iterable, Iterator, Mapping
 
-from charset_normalizer import from_bytes
-
 from worker.records import Decoded, RawPage, Reason, Rejected
 
 LAYER_TEXT = "text"
@@ -378,6 +376,9 @@ def _detect_chinese(attempt: _Attempts) -> tuple[str, str] | None:
 
 
 def _detect_other(raw: bytes, attempt: _Attempts) -> tuple[str, str] | None:
+    # Imported here: only a page no other layer settles needs it (0.05 s at start-up).
+    from charset_normalizer import from_bytes
+
     for match in list(from_bytes(_detector_sample(raw), preemptive_behaviour=False))[:3]:
         codec = codec_for(match.encoding)
         found = attempt(codec) if codec else None
@@ -464,7 +465,9 @@ def bad_share(text: str) -> float:
     return text.count("\ufffd") / len(text) + controls / len(every_8th)
 
 
-def _checked(page: RawPage, text: str, codec: str, layer: str) -> Decoded | Rejected:
+def _checked(
+    page: RawPage, text: str, codec: str, layer: str, utf8: bytes | None = None
+) -> Decoded | Rejected:
     share = bad_share(text)
     if share > MAX_BAD_SHARE:
         return Rejected(
@@ -474,7 +477,7 @@ def _checked(page: RawPage, text: str, codec: str, layer: str) -> Decoded | Reje
             page.page_id,
             page.url,
         )
-    return Decoded(page=page, html=text, charset=codec, layer=layer)
+    return Decoded(page=page, html=text, charset=codec, layer=layer, utf8=utf8)
 
 
 def decode(page: RawPage) -> Decoded | Rejected:
@@ -482,10 +485,10 @@ def decode(page: RawPage) -> Decoded | Rejected:
     body = page.body
     if isinstance(body, str):
         try:
-            body.encode("utf-8")
+            utf8 = body.encode("utf-8")
         except UnicodeEncodeError:  # JSON allows lone surrogates; nothing downstream does
-            body = _LONE_SURROGATE.sub("\ufffd", body)
-        return _checked(page, body, "utf-8", LAYER_TEXT)
+            return _checked(page, _LONE_SURROGATE.sub("\ufffd", body), "utf-8", LAYER_TEXT)
+        return _checked(page, body, "utf-8", LAYER_TEXT, utf8)
     what = not_html(page.content_type, body)
     if what is not None:
         return Rejected(Reason.NOT_HTML, what, page.page_id, page.url)

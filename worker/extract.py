@@ -815,7 +815,7 @@ def extract(decoded: Decoded, extractor: str = DEFAULT_EXTRACTOR) -> Extracted |
         raise ValueError(f"unknown extractor {extractor!r}; choose one of {EXTRACTORS}")
     page = decoded.page
     html = decoded.html
-    data = html.encode("utf-8", "replace")
+    data = html.encode("utf-8", "replace") if decoded.utf8 is None else decoded.utf8
     if data.count(b"<") > _TAGS_WITHOUT_DEPTH_CHECK and (  # ~0.07 ms on a 150 KB page
         (depth := _nesting_depth(html)) > _MAX_DEPTH
     ):

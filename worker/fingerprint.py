@@ -10,6 +10,7 @@ The stored index depends on these values: ``tests/unit/test_fingerprint.py`` pin
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from collections import Counter
@@ -161,30 +162,53 @@ def segmenter(name: str) -> Callable[[str], list[str]]:
 
 
 @lru_cache(maxsize=1)
-def _lexicon() -> tuple[dict[str, float], float]:
-    """Keyword weight of words: their IDF, or -1 where their part of speech rules them
-    out; and the median IDF for unknown words. From the tables that ship with jieba
-    (immutable once loaded)."""
-    import jieba
-    import jieba.analyse
+def _lexicon() -> tuple[U64, npt.NDArray[np.float64], float]:
+    """Keyword weight of words, by ``hash64`` of the word: sorted distinct hashes and each
+    one's weight, the word's IDF or -1 where its part of speech rules it out; and the
+    median IDF for unknown words. From the tables that ship with jieba (immutable once
+    loaded)."""
+    # Located, not imported: importing jieba.analyse loads jieba's HMM tables (0.5 s of
+    # CPU in every sandbox zygote) that rjieba never uses.
+    spec = importlib.util.find_spec("jieba")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("jieba's dictionary files are needed (pip install jieba)")
+    root = os.path.dirname(spec.origin)
+    # Whole-file splits: a line loop over 620,000 lines costs three times as much.
+    idf_words, idf_values = _columns(os.path.join(root, "analyse", "idf.txt"), 2, (0, 1))
+    words, tags = _columns(os.path.join(root, "dict.txt"), 3, (0, 2))
+    not_content = [w for w, t in zip(words, tags, strict=True) if t not in _KEYWORD_POS]
+    idf = np.fromiter(map(float, idf_values), dtype=np.float64, count=len(idf_values))
+    idf_keys, idf = _last_wins(_hashes(idf_words), idf)
+    median_idf = float(np.median(idf))
+    # Keyed by hash, not by word: a lookup into a dict of 290,000 words misses the cache
+    # two or three times (0.7 us a word, a sixth of fingerprinting); a vectorised binary
+    # search over the hashes the page has computed anyway costs a tenth of that. Distinct
+    # jieba words do not collide in 64 bits (tests/unit/test_fingerprint.py checks), and
+    # a word outside the dictionary hits one of its hashes with odds of 2^-46.
+    keys, weights = _last_wins(
+        np.concatenate([idf_keys, _hashes(not_content)]),
+        np.concatenate([idf, np.full(len(not_content), -1.0)]),
+    )
+    return keys, weights, median_idf
 
-    idf: dict[str, float] = {}
-    idf_path = os.path.join(os.path.dirname(jieba.analyse.__file__), "idf.txt")
-    with open(idf_path, encoding="utf-8") as fh:
-        for line in fh:
-            word, _, value = line.rstrip().partition(" ")
-            if value:
-                idf[word] = float(value)
-    not_content: set[str] = set()
-    with open(os.path.join(os.path.dirname(jieba.__file__), "dict.txt"), encoding="utf-8") as fh:
-        for line in fh:
-            parts = line.split()
-            if len(parts) == 3 and parts[2] not in _KEYWORD_POS:
-                not_content.add(parts[0])
-    median_idf = float(np.median(np.fromiter(idf.values(), dtype=np.float64)))
-    for word in not_content:
-        idf[word] = -1.0
-    return idf, median_idf
+
+def _last_wins(keys: U64, values: npt.NDArray[np.float64]) -> tuple[U64, npt.NDArray[np.float64]]:
+    """Sorted distinct keys, each with the value of its last occurrence (dict semantics)."""
+    distinct, at = np.unique(keys[::-1], return_index=True)
+    return distinct, values[::-1][at]
+
+
+def _columns(path: str, width: int, keep: tuple[int, int]) -> tuple[list[str], list[str]]:
+    """Two columns of a file of lines of ``width`` fields split at white space; lines of
+    another width are left out (the tables that ship with jieba have none)."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    tokens = text.split()
+    lines = text.splitlines()
+    if len(tokens) != width * len(lines):
+        rows = [parts for line in lines if len(parts := line.split()) == width]
+        tokens = [t for parts in rows for t in parts]
+    return tokens[keep[0] :: width], tokens[keep[1] :: width]
 
 
 def content_words(text: str, cfg: EngineConfig) -> list[str]:
@@ -218,21 +242,24 @@ def pair_features(hashes: U64) -> tuple[U64, npt.NDArray[np.int64]]:
 
 
 def keywords(
-    vocab: Sequence[str], tf: npt.NDArray[np.int64], first: npt.NDArray[np.int64], count: int
+    vocab: Sequence[str],
+    hashes: U64,
+    tf: npt.NDArray[np.int64],
+    first: npt.NDArray[np.int64],
+    count: int,
 ) -> npt.NDArray[np.int64]:
-    """Indices into ``vocab`` of the ``count`` best keywords.
+    """Indices into ``vocab`` of the ``count`` best keywords (``hashes``: their hash64).
 
     Score: tf-idf, boosted for an early first position and for longer words; only content
     parts of speech (or words unknown to the dictionary, which are often names) qualify.
     Ties go to the word that comes first in ``vocab``.
     """
-    weight, median_idf = _lexicon()
-    get = weight.get
-    idfs = np.array(
-        [-1.0 if len(w) < 2 or w.isdigit() else get(w, median_idf) for w in vocab],
-        dtype=np.float64,
-    )
+    keys, weights, median_idf = _lexicon()
+    at = np.minimum(np.searchsorted(keys, hashes), len(keys) - 1)
+    idfs = np.where(keys[at] == hashes, weights[at], median_idf)
     lengths = np.fromiter(map(len, vocab), dtype=np.float64, count=len(vocab))
+    digits = np.fromiter(map(str.isdigit, vocab), dtype=bool, count=len(vocab))
+    idfs[(lengths < 2) | digits] = -1.0
     n = max(int(tf.sum()), 1)
     score = tf * idfs * (1.5 - 0.5 * first / n) * (0.8 + 0.1 * np.minimum(lengths, 5))
     score[idfs < 0] = -1.0
@@ -365,7 +392,7 @@ def fingerprint(text: str, cfg: EngineConfig) -> Fingerprints:
     else:
         canon_vocab, canon_hashes, canon_ids, canon_first = vocab, vocab_hashes, ids, first
     tf = np.bincount(canon_ids, minlength=len(canon_vocab))
-    chosen = keywords(canon_vocab, tf, canon_first, cfg.keywords)
+    chosen = keywords(canon_vocab, canon_hashes, tf, canon_first, cfg.keywords)
     fp2 = simhash_weighted(*window_features(canon_hashes, canon_ids, chosen, cfg.window))
     piece_strings, hashes, owners = piece_features(text, cfg.period_len)
     shingles = _distinct(hashes, counts=False)[0]

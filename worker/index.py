@@ -166,6 +166,10 @@ class KVIndex:
     def appended(self, raw: bytes | None, entry: Entries) -> bytes | None:
         """Bucket ``raw`` with ``entry`` added and expired entries dropped, or None when the
         bucket is full (the entry is then not added)."""
+        if not self.retention_ms:  # nothing expires: the bucket's bytes stay as they are
+            if raw and len(raw) >= self.cfg.bucket_cap * ENTRY.itemsize:
+                return None
+            return (raw or b"") + entry.tobytes()
         old = self._live(raw, int(entry["order"][0]))
         if len(old) >= self.cfg.bucket_cap:
             return None

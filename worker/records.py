@@ -71,6 +71,9 @@ class Decoded:
     html: str
     charset: str
     layer: str  # "text" | "header" | "bom" | "meta" | "utf8" | "detector" | "replace"
+    #: ``html`` in UTF-8, when decoding had it anyway: the parser reads these bytes
+    #: instead of encoding the page a second time (70 us for a 100,000-character page).
+    utf8: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

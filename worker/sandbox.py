@@ -74,6 +74,7 @@ PIPE_BYTES = 1 << 20
 # A frame: two big-endian lengths, then a JSON header and a byte payload of those lengths.
 _FRAME = struct.Struct(">II")
 _CHUNK = 1 << 20
+_REPLY_READ = 1 << 16  # a result frame is about 10 KiB on a news page
 _CONTROL_BYTES = 1 << 16  # one control message (a config, a pid, an exit status)
 # Environment the zygote keeps: nothing a page could leak (broker credentials live in
 # NEARDUP_* variables), only what Python, numpy and jieba need.
@@ -110,6 +111,15 @@ def _frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
     return _FRAME.pack(len(head), len(payload)) + head + payload
 
 
+def _split_frame(frame: bytes) -> tuple[dict[str, Any], bytes]:
+    """The JSON header and the payload of one whole frame."""
+    head_len, payload_len = _FRAME.unpack_from(frame)
+    if len(frame) != _FRAME.size + head_len + payload_len:
+        raise ValueError("sandbox reply: the frame's length does not match its prefix")
+    header: dict[str, Any] = json.loads(frame[_FRAME.size : _FRAME.size + head_len])
+    return header, frame[_FRAME.size + head_len :]
+
+
 def _page_frame(page: RawPage) -> bytes:
     body: bytes
     text = isinstance(page.body, str)
@@ -143,6 +153,12 @@ def _page_from(header: dict[str, Any], payload: bytes) -> RawPage:
     )
 
 
+_FPS_FIELDS = tuple(f.name for f in dataclasses.fields(Fingerprints))
+_ANALYSED_FIELDS = tuple(
+    f.name for f in dataclasses.fields(Analysed) if f.name not in ("page", "fps")
+)
+
+
 def _result_frame(result: Analysed | Rejected, seconds: dict[str, float], retire: bool) -> bytes:
     header: dict[str, Any] = {"seconds": seconds, "retire": retire}
     if isinstance(result, Rejected):
@@ -150,18 +166,14 @@ def _result_frame(result: Analysed | Rejected, seconds: dict[str, float], retire
         return _frame(header)
     blobs: list[bytes] = []
     fps: dict[str, Any] = {}
-    for f in dataclasses.fields(Fingerprints):
-        value = getattr(result.fps, f.name)
+    for name in _FPS_FIELDS:
+        value = getattr(result.fps, name)
         if isinstance(value, bytes):
-            fps[f.name] = {"blob": len(value)}
+            fps[name] = {"blob": len(value)}
             blobs.append(value)
         else:
-            fps[f.name] = value
-    header["analysed"] = {
-        f.name: getattr(result, f.name)
-        for f in dataclasses.fields(Analysed)
-        if f.name not in ("page", "fps")
-    }
+            fps[name] = value
+    header["analysed"] = {name: getattr(result, name) for name in _ANALYSED_FIELDS}
     header["fps"] = fps
     return _frame(header, b"".join(blobs))
 
@@ -226,28 +238,35 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _vm_bytes() -> tuple[int, int]:
-    """(virtual size, resident size) of this process, in bytes."""
-    with open("/proc/self/statm", "rb") as fh:
-        size, resident = fh.read().split()[:2]
-    page = os.sysconf("SC_PAGE_SIZE")
-    return int(size) * page, int(resident) * page
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _peak_bytes() -> int:
-    """The most address space this process has held (VmPeak), in bytes."""
-    with open("/proc/self/status", "rb") as fh:
-        for line in fh:
-            if line.startswith(b"VmPeak:"):
-                return int(line.split()[1]) * 1024
-    return 0
+class _Meter:
+    """This process's memory from /proc, read with pread on descriptors opened once: the
+    worker asks after every page, and an open and a Python file object per read cost
+    more than the kernel's answer."""
+
+    def __init__(self) -> None:
+        self.statm = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+        self.status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+
+    def vm_bytes(self) -> tuple[int, int]:
+        """(virtual size, resident size) of this process, in bytes."""
+        size, resident = os.pread(self.statm, 256, 0).split()[:2]
+        return int(size) * _PAGE_SIZE, int(resident) * _PAGE_SIZE
+
+    def peak_bytes(self) -> int:
+        """The most address space this process has held (VmPeak), in bytes."""
+        status = os.pread(self.status, 1 << 14, 0)
+        at = status.find(b"VmPeak:")
+        return int(status[at + 7 : status.index(b"\n", at)].split()[0]) * 1024 if at >= 0 else 0
 
 
-def _limit_memory(max_mb: int) -> int:
+def _limit_memory(max_mb: int, meter: _Meter) -> int:
     """Cap this process's address space at its current size plus ``max_mb`` MiB."""
     if not max_mb:
         return 0
-    limit = _vm_bytes()[0] + max_mb * 1024 * 1024
+    limit = meter.vm_bytes()[0] + max_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     return limit
 
@@ -266,9 +285,10 @@ def _analyse_one(page: RawPage, cfg: EngineConfig, stats: Stats) -> Analysed | R
 
 def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
     """The worker's loop: page frames in, result frames out, until the pipe closes."""
-    limit = _limit_memory(cfg.extract_max_mb)
+    meter = _Meter()
+    limit = _limit_memory(cfg.extract_max_mb, meter)
     headroom = RETIRE_SHARE * cfg.extract_max_mb * 1024 * 1024
-    retire_rss = _vm_bytes()[1] + headroom
+    retire_rss = meter.vm_bytes()[1] + headroom
     while True:
         try:
             header, payload = _read_frame_blocking(rfd)
@@ -277,7 +297,7 @@ def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
         page = _page_from(header, payload)
         stats = Stats()
         result = _analyse_one(page, cfg, stats)
-        exhausted = bool(limit) and _peak_bytes() > limit - headroom
+        exhausted = bool(limit) and meter.peak_bytes() > limit - headroom
         if (
             isinstance(result, Rejected)
             and result.reason is Reason.INTERNAL
@@ -289,7 +309,7 @@ def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
             detail = f"analysis needed more than {cfg.extract_max_mb} MiB ({result.detail})"
             result = Rejected(Reason.TOO_LARGE, detail[:500], page.page_id, page.url)
             exhausted = True
-        retire = exhausted or (bool(limit) and _vm_bytes()[1] > retire_rss)
+        retire = exhausted or (bool(limit) and meter.vm_bytes()[1] > retire_rss)
         _write_all_blocking(wfd, _result_frame(result, stats.seconds, retire))
         if retire:
             return
@@ -514,24 +534,33 @@ class _Worker:
     def write(self, data: bytes, deadline: float) -> None:
         view = memoryview(data)
         while view:
-            self._wait(self.writable, deadline)
-            view = view[os.write(self.wfd, view[:_CHUNK]) :]
+            try:  # the pipe has room for a page nearly always: poll only when it is full
+                view = view[os.write(self.wfd, view[:_CHUNK]) :]
+            except BlockingIOError:
+                self._wait(self.writable, deadline)
 
-    def _read_exact(self, n: int, deadline: float) -> bytes:
-        chunks: list[bytes] = []
-        while n:
-            self._wait(self.readable, deadline)
-            chunk = os.read(self.rfd, min(n, _CHUNK))
-            if not chunk:
-                raise EOFError
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
+    def _read_some(self, n: int, deadline: float) -> bytes:
+        self._wait(self.readable, deadline)
+        chunk = os.read(self.rfd, n)
+        if not chunk:
+            raise EOFError
+        return chunk
 
-    def read(self, deadline: float) -> tuple[dict[str, Any], bytes]:
-        head_len, payload_len = _FRAME.unpack(self._read_exact(_FRAME.size, deadline))
-        header: dict[str, Any] = json.loads(self._read_exact(head_len, deadline))
-        return header, self._read_exact(payload_len, deadline)
+    def read(self, deadline: float) -> bytes:
+        """One frame, whole (see ``_split_frame``). The worker writes its answer in one
+        write and nothing after it, so the first read asks for more than an answer's
+        usual size: one poll and one read a page, not three of each."""
+        chunks = [self._read_some(_REPLY_READ, deadline)]
+        have = len(chunks[0])
+        while have < _FRAME.size:
+            chunks.append(self._read_some(_REPLY_READ, deadline))
+            have += len(chunks[-1])
+        head_len, payload_len = _FRAME.unpack_from(b"".join(chunks))
+        total = _FRAME.size + head_len + payload_len
+        while have < total:
+            chunks.append(self._read_some(min(total - have, _CHUNK), deadline))
+            have += len(chunks[-1])
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def stop(self) -> int | None:
         """Kill the worker (idle or not, it holds nothing worth keeping), close its pipes
@@ -617,7 +646,7 @@ class Sandbox:
         self, page: RawPage, worker: _Worker, deadline: float, stats: Stats | None
     ) -> Analysed | Rejected:
         try:
-            header, payload = worker.read(deadline)
+            frame = worker.read(deadline)
         except _DeadlineError:
             self._drop_worker()
             return self._timeout(page)
@@ -626,6 +655,7 @@ class Sandbox:
             log.warning("sandbox worker died on page %s (%s): %s", page.page_id, page.url, how)
             return self._rejected(page, Reason.INTERNAL, f"the sandbox worker died on it ({how})")
         try:
+            header, payload = _split_frame(frame)
             result = _result_from(header, payload, page)
         except (KeyError, TypeError, ValueError) as exc:
             self._drop_worker()

@@ -10,24 +10,28 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import io
 import os
 import sys
 import zlib
 from collections.abc import Generator, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol, cast
 
-from warcio.archiveiterator import ArchiveIterator
+from isal import isal_zlib
 
 from worker.contract import derive_page_id, max_line_bytes, parse_raw
 from worker.records import RawPage, Reason, Rejected
 
 STDIN = "-"
 _GZIP_MAGIC = b"\x1f\x8b"
+_GZIP_WBITS = 31  # zlib's window bits for a gzip header and trailer
 _WARC_MAGIC = b"WARC/"
 _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _WHOLE_FILE_GZIP = "non-chunked gzip"  # in warcio's ArchiveLoadFailed for such a file
 # What a damaged gzip stream or file raises while being read.
-_STREAM_ERRORS = (OSError, EOFError, zlib.error)
+# isal's stubs type its error class as an instance of Exception; it is a class.
+_ISAL_ERROR = cast("type[Exception]", isal_zlib.error)
+_STREAM_ERRORS = (OSError, EOFError, zlib.error, _ISAL_ERROR)
 
 
 class _Lines(Protocol):
@@ -73,8 +77,70 @@ def _file_pages(path: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
     if warc:
         yield from _warc_file_pages(path, max_bytes)
         return
-    with gzip.open(path, "rb") if gzipped else open(path, "rb") as stream:
+    with _gunzipped(path) if gzipped else open(path, "rb") as stream:
         yield from _jsonl_pages(stream, path, max_bytes)
+
+
+class _Inflater(io.RawIOBase):
+    """The decompressed bytes of a gzip file (any number of members, zero padding after
+    them), inflated by ISA-L: half the CPU of zlib on the dev pages (0.70 s against 1.45 s
+    for 340 MB, a tenth of a whole ``neardup dedup`` run). Not isal's own GzipFile, which
+    on a truncated file drops output it has inflated: this one hands out every byte before
+    a truncation or trailing garbage, as gzip.GzipFile does, then raises EOFError or
+    BadGzipFile. A member whose checksum fails raises isal_zlib.error, and the output of
+    the last 16 KiB read before it is not handed out (GzipFile hands it out unchecked)."""
+
+    _CHUNK = 1 << 14  # compressed bytes a call
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self._inflate = isal_zlib.decompressobj(_GZIP_WBITS)
+        self._out = b""
+        self._done = False
+        self._error: Exception | None = None  # raised once the output before it is read
+
+    def readable(self) -> bool:
+        return True
+
+    def _more(self) -> None:
+        data = self._raw.read(self._CHUNK)
+        if not data:
+            self._done = True
+            if not self._inflate.eof:
+                self._error = EOFError(
+                    "Compressed file ended before the end-of-stream marker was reached"
+                )
+            return
+        while data:
+            if self._inflate.eof:  # the next member, or zero padding after the last one
+                data = data.lstrip(b"\0")
+                if not data:
+                    return
+                if not data.startswith(_GZIP_MAGIC[: len(data)]):
+                    self._done = True
+                    self._error = gzip.BadGzipFile(f"Not a gzipped file ({data[:2]!r})")
+                    return
+                self._inflate = isal_zlib.decompressobj(_GZIP_WBITS)
+            self._out += self._inflate.decompress(data)
+            data = self._inflate.unused_data if self._inflate.eof else b""
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._out and not self._done:
+            self._more()
+        if not self._out and self._error is not None:
+            raise self._error
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def _gunzipped(path: str) -> io.BufferedReader:
+    return io.BufferedReader(_Inflater(open(path, "rb")), buffer_size=1 << 20)
 
 
 def _warc_file_pages(path: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
@@ -133,6 +199,8 @@ def _warc_pages(
 ) -> Generator[RawPage | Rejected, None, int | None]:
     """Pages of the records after the first ``skip``. Returns None when done, or the number
     of records read if warcio found one gzip member holding several records."""
+    from warcio.archiveiterator import ArchiveIterator  # only for WARC input
+
     archive = ArchiveIterator(stream)
     records = iter(archive)
     number = 0

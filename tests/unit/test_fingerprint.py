@@ -168,3 +168,34 @@ def test_without_template_rebuilds_strings_and_sketch() -> None:
     assert g.sketch != f.sketch
     assert bottom_k(char_shingles(normalise(body)), CFG.sketch_size)[:40] == plain.sketch[:40]
     assert f.without(set(), CFG.sketch_size) is f
+
+
+def test_lexicon_by_hash_is_the_dictionary_by_word() -> None:
+    """The keyword weights are looked up by hash64: every word of jieba's tables must get
+    exactly the weight a lookup by word gives (no two of its words collide in 64 bits)."""
+    import importlib.util
+    import os
+
+    from worker.fingerprint import _KEYWORD_POS, _hashes, _lexicon
+
+    spec = importlib.util.find_spec("jieba")
+    assert spec is not None and spec.origin is not None
+    root = os.path.dirname(spec.origin)
+    by_word: dict[str, float] = {}
+    with open(os.path.join(root, "analyse", "idf.txt"), encoding="utf-8") as fh:
+        for line in fh:
+            word, _, value = line.rstrip().partition(" ")
+            by_word[word] = float(value)
+    median = float(np.median(list(by_word.values())))
+    with open(os.path.join(root, "dict.txt"), encoding="utf-8") as fh:
+        for line in fh:
+            word, _, tag = line.split()
+            if tag not in _KEYWORD_POS:
+                by_word[word] = -1.0
+    keys, weights, median_idf = _lexicon()
+    assert median_idf == median
+    assert len(keys) == len(by_word)  # a collision would merge two words into one key
+    words = list(by_word)
+    at = np.searchsorted(keys, _hashes(words))
+    assert (keys[at] == _hashes(words)).all()
+    assert weights[at].tolist() == list(by_word.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import io
 import json
@@ -303,3 +304,46 @@ def test_empty_file(tmp_path: Path) -> None:
     path = tmp_path / "empty"
     path.write_bytes(b"")
     assert read(path) == []
+
+
+def _gzip_lines(opener: Any, path: Path) -> list[Any]:
+    from worker.sources import _STREAM_ERRORS
+
+    out: list[Any] = []
+    try:
+        with opener(path) as fh:
+            while line := fh.readline(1 << 24):
+                out.append(line)
+    except _STREAM_ERRORS as exc:
+        out.append(type(exc).__name__)
+    return out
+
+
+def test_isal_inflater_gives_what_gzip_gives(tmp_path: Path) -> None:
+    """JSONL gzip is inflated with ISA-L (worker.sources._Inflater): the same lines as
+    gzip.GzipFile, and the same failure, for members, padding, garbage and truncation."""
+    from worker.sources import _gunzipped
+
+    rng = random.Random(7)
+    # long lines of varied text, so that the compressed stream spans many reads
+    lines = [
+        jsonl_line(
+            n, html="".join(rng.choice("地铁线路明年通车城市交通abc<>/ ") for _ in range(9000))
+        )
+        for n in range(60)
+    ]
+    one = gzip.compress(b"".join(lines))
+    cases = {
+        "one member": one,
+        "two members": gzip.compress(b"".join(lines[:25])) + gzip.compress(b"".join(lines[25:])),
+        "empty member first": gzip.compress(b"") + one,
+        "zero padding": one + bytes(700),
+        "garbage after": one + b"garbage",
+        "no newline at end": gzip.compress(b"".join(lines)[:-1]),
+        **{f"cut at {cut}": one[:cut] for cut in rng.sample(range(10, len(one)), 8)},
+    }
+    path = tmp_path / "case.jsonl.gz"
+    for name, data in cases.items():
+        path.write_bytes(data)
+        expected = _gzip_lines(functools.partial(gzip.open, mode="rb"), path)
+        assert _gzip_lines(_gunzipped, path) == expected, name
