@@ -324,15 +324,22 @@ class WorkerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         #: Stopped or killed on purpose.
         self.ended = False
+        #: RLIMIT_FSIZE of the worker process (None: the inherited one).
+        self.fsize: int | None = None
 
     def start(self) -> WorkerProcess:
         fh = self.log.open("ab")
+        self.ended = False
+        argv = [sys.executable, "-m", "worker.kafka", "worker", "-l", self.loglevel]
+        if self.fsize is not None:  # set in the child, which then becomes the worker
+            launch = (
+                "import os, resource, sys; "
+                f"resource.setrlimit(resource.RLIMIT_FSIZE, ({self.fsize}, {self.fsize})); "
+                "os.execv(sys.argv[1], sys.argv[1:])"
+            )
+            argv = [sys.executable, "-c", launch, *argv]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.kafka", "worker", "-l", self.loglevel],
-            env=self.env,
-            cwd=ROOT,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
+            argv, env=self.env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT
         )
         fh.close()
         return self
@@ -379,6 +386,56 @@ class WorkerProcess:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+# -- a broker of one's own ------------------------------------------------------------------
+
+
+class LocalBroker:
+    """A broker of this test's own (``scripts/kafka-local.sh``), to stop and start."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.port = free_port()
+        while self.port + 1 > 65535:  # the controller takes the next port
+            self.port = free_port()
+        self.run_dir = run_dir
+        self.env = {
+            **os.environ,
+            "NEARDUP_KAFKA_DIR": str(run_dir),
+            "NEARDUP_KAFKA_PORT": str(self.port),
+        }
+        self.bootstrap = f"127.0.0.1:{self.port}"
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "kafka-local.sh"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"kafka-local.sh {args}: {done.stderr[-2000:]}")
+        return done
+
+    def cluster_id(self) -> str:
+        meta = (self.run_dir / "data" / "meta.properties").read_text()
+        return next(x.split("=", 1)[1] for x in meta.splitlines() if x.startswith("cluster.id"))
+
+    def config(self, *args: str) -> None:
+        """``kafka-configs.sh`` (``kafka.admin.ConfigCommand``) against this broker."""
+        version = os.environ.get("NEARDUP_KAFKA_VERSION", "4.1.1")
+        cache = os.environ.get(
+            "NEARDUP_KAFKA_CACHE", str(Path.home() / ".cache" / "neardup" / f"kafka-{version}")
+        )
+        cmd = ["java", "-cp", f"{cache}/libs/*", "kafka.admin.ConfigCommand"]
+        subprocess.run(
+            [*cmd, "--bootstrap-server", self.bootstrap, *args],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
 
 
 # -- one test's deployment -----------------------------------------------------------------
@@ -449,3 +506,69 @@ class Deployment:
         for w in self.workers:
             w.stop()
         self.collector.close()
+
+
+# -- what every fault test checks ----------------------------------------------------------
+
+
+def check_against(ref: Reference, d: Deployment) -> None:
+    """Every page decided once (copies identical), the same decisions and final clusters as
+    the sequential engine, and the same dead letters."""
+    by_page: dict[str, list[dict[str, Any]]] = {}
+    for dec in d.decisions():
+        by_page.setdefault(dec["page_id"], []).append(dec)
+    conflicting = {p: ds for p, ds in by_page.items() if any(x != ds[0] for x in ds)}
+    assert not conflicting, f"conflicting decisions: {conflicting}"
+    got = {stable(ds[0]) for ds in by_page.values()}
+    want = {stable(x) for x in ref.decisions}
+    assert got == want, f"{len(got - want)} decisions differ, {len(want - got)} missing"
+    assert fold([ds[0] for ds in by_page.values()], d.merges()) == ref.clusters
+
+    # at least once, like decisions: a dead letter may come again after a rebalance, as an
+    # identical copy (but for its time); the set of dead letters must be the reference's
+    def letters(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return sorted({(r["page_id"], r["url"], r["reason"]) for r in rows})
+
+    assert letters(d.rejects()) == letters(ref.rejects)
+
+
+def all_out(ref: Reference, d: Deployment) -> bool:
+    pages = {x["page_id"] for x in ref.decisions}
+    return d.decided() >= pages and len(d.rejects()) >= len(ref.rejects)
+
+
+def accounted(values: list[bytes], ref: Reference, d: Deployment) -> tuple[int, int]:
+    """Pages in, and distinct decisions plus distinct rejections out; asserts that each
+    input page got exactly one of the two (never both, never neither)."""
+    decided = d.decided()
+    rejected = {(r["page_id"], r["url"]) for r in d.rejects()}
+    assert not decided & {pid for pid, _ in rejected}, "a page both decided and rejected"
+    assert len(ref.decisions) + len(ref.rejects) == len(values)
+    out = len(decided) + len(rejected)
+    assert out == len(values), f"{len(values)} pages in, {out} out"
+    return len(values), out
+
+
+def tree_rss(root: int) -> int:
+    """Resident bytes of a process and all its descendants now alive."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended while we looked
+        parents[int(entry)] = int(fields[1])
+        rss[int(entry)] = int(fields[21]) * page
+    total = 0
+    for pid, size in rss.items():
+        p = pid
+        while p > 1 and p != root:
+            p = parents.get(p, 0)
+        if p == root:
+            total += size
+    return total

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,13 +17,12 @@ import pytest
 
 from tests.integration.helpers import (
     Deployment,
-    Reference,
-    fold,
     reference,
-    stable,
     stream,
     wait_for,
 )
+from tests.integration.helpers import all_out as _all_out
+from tests.integration.helpers import check_against as _check_against
 from worker.contract import validate
 
 pytestmark = pytest.mark.integration
@@ -49,32 +47,6 @@ def deploy(kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest)
         if failed is not None and failed.failed:
             print(d.logs())
         d.close()
-
-
-def _check_against(ref: Reference, d: Deployment) -> None:
-    """Every page decided once (copies identical), the same decisions and final clusters as
-    the sequential engine, and the same dead letters."""
-    by_page: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for dec in d.decisions():
-        by_page[dec["page_id"]].append(dec)
-    conflicting = {p: ds for p, ds in by_page.items() if any(x != ds[0] for x in ds)}
-    assert not conflicting, f"conflicting decisions: {conflicting}"
-    got = {stable(ds[0]) for ds in by_page.values()}
-    want = {stable(x) for x in ref.decisions}
-    assert got == want, f"{len(got - want)} decisions differ, {len(want - got)} missing"
-    assert fold([ds[0] for ds in by_page.values()], d.merges()) == ref.clusters
-
-    # at least once, like decisions: a dead letter may come again after a rebalance, as an
-    # identical copy (but for its time); the set of dead letters must be the reference's
-    def letters(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-        return sorted({(r["page_id"], r["url"], r["reason"]) for r in rows})
-
-    assert letters(d.rejects()) == letters(ref.rejects)
-
-
-def _all_out(ref: Reference, d: Deployment) -> bool:
-    pages = {x["page_id"] for x in ref.decisions}
-    return d.decided() >= pages and len(d.rejects()) >= len(ref.rejects)
 
 
 @pytest.mark.parametrize("topology", ["routed", "sequential"])

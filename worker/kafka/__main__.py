@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -30,6 +31,13 @@ def prepare_state(state_dir: str, tabledir: str) -> bool:
     os.makedirs(state_dir, exist_ok=True)
     marker = Path(state_dir) / RUNNING_MARKER
     unclean = marker.exists()
+    if unclean and (owner := _live_owner(marker)) is not None:
+        # never discard the tables of a worker that is running on them
+        raise SystemExit(
+            f"neardup worker: fatal: the state directory {state_dir} is in use by another "
+            f"worker (pid {owner}). Give each worker a state directory of its own "
+            "(NEARDUP_STATE_DIR)."
+        )
     if unclean and os.path.isdir(tabledir):
         log.warning(
             "the previous worker on %s did not stop cleanly: discarding its local tables "
@@ -40,6 +48,35 @@ def prepare_state(state_dir: str, tabledir: str) -> bool:
         shutil.rmtree(tabledir)
     marker.write_text(f"{os.getpid()}\n")
     return unclean
+
+
+def _live_owner(marker: Path) -> int | None:
+    """The pid in ``marker`` if it is another live worker process (a marker left by a
+    killed worker may name a pid since reused by anything else)."""
+    try:
+        pid = int(marker.read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if pid != os.getpid() and b"worker.kafka" in cmdline else None
+
+
+def fatal_message(exc: BaseException, state_dir: str) -> str:
+    """One line for the operator: what stopped the worker, and what to do."""
+    text = str(exc)
+    if text.startswith("fatal:"):  # worker.kafka.tablekv.StateWriteError says it all
+        return text
+    if "IO error" in text and "lock" in text.lower():
+        return (
+            f"fatal: a RocksDB table under {state_dir} is locked by another process "
+            f"({text}). Stop that process, or give each worker a state directory of its "
+            "own (NEARDUP_STATE_DIR), then restart: nothing is lost, the pages not yet "
+            "decided are read again"
+        )
+    return (
+        f"fatal: the worker stopped on {type(exc).__name__}: {text}. The pages not yet "
+        "decided are read again at the next start"
+    )
 
 
 def release_state(state_dir: str) -> None:
@@ -62,6 +99,10 @@ def create_topics(settings: Settings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # A file size limit (RLIMIT_FSIZE) would kill the worker with SIGXFSZ at the first
+    # write past it, with no word said; ignored, the write fails (EFBIG) as on a full
+    # disk, and the worker stops with a message saying so.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     settings = Settings()
     install_log_redaction(settings)
     logging.basicConfig(
@@ -79,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv = [sys.argv[0], *argv]
         try:
             worker.main()
+        except SystemExit as exc:
+            # a crash: mode re-raises its reason, then exits 1 from within that except
+            if exc.code not in (0, None):
+                reason = exc.__context__ or exc
+                log.critical("%s", fatal_message(reason, settings.state_dir))
+            raise
         finally:
             # Reached on a stop (SIGTERM, SIGINT) and on a crash Faust shut down from; never
             # after SIGKILL. The local tables are kept only if their changelogs have all of

@@ -302,6 +302,9 @@ class Worker:
                 continue
             try:
                 with event_context(event):
+                    self.stage.offset = msg.offset
+                    if event is events[0]:
+                        self.stage.confirm(self._committed(msg.tp))
                     for decoded in items:
                         emits += self.stage.accept(decoded)
                     emits += self.stage.release(RELEASE_BATCH)
@@ -397,6 +400,15 @@ class Worker:
             await self.send(self.sequence, None, wire.encode(msg), None)
 
     # -- plumbing --------------------------------------------------------------------
+
+    def _committed(self, tp: Any) -> int | None:
+        """The offset Faust last committed for ``tp`` in this run (None: none yet)."""
+        try:
+            consumer: Any = self.app.consumer
+            committed = consumer._committed_offset.get(tp)
+        except Exception:  # no consumer (agent tests)
+            return None
+        return None if committed is None else int(committed)
 
     def raw_partitions(self) -> int:
         try:

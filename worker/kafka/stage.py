@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -48,6 +49,9 @@ _PROGRESS = b"\x01R"  # + partition (4 bytes) -> Progress
 _PARTITIONS = b"\x01N"  # -> raw partition count
 _RELEASED = b"\x01L"  # -> key_bytes of the greatest key released
 _MERGES = b"\x01G"  # + pid -> the merges the page's decision caused (JSON list)
+# + sequencer offset (8 bytes) + pid: a decision made while handling that sequencer
+# message, whose outputs may not have reached the broker yet (see ``DecideStage.confirm``)
+_OUTBOX = b"\x01O"
 
 Topic = Literal["decisions", "merges", "rejects", "probes", "records"]
 
@@ -148,6 +152,11 @@ class DecideStage:
         self.sequencer = Sequencer()
         self.counts = DecideCounts()
         self.loaded = False
+        #: Offset of the sequencer message being handled (set by the agent before
+        #: ``accept``); after a restart, the first one is where the replay starts.
+        self.offset = -1
+        #: Outbox keys written in this run, in offset order, not yet confirmed.
+        self.unconfirmed: deque[bytes] = deque()
         #: Called with the seconds each page took in the stateful stages (the metrics).
         self.observe: Callable[[float], None] | None = None
 
@@ -181,14 +190,45 @@ class DecideStage:
             key_from_bytes(raw_released) if raw_released else None,
         )
         check_marker(self.journal, self.engine.cfg, "the worker's state table")
+        again = self._unpublished()
         self.journal.apply(0)
         self.loaded = True
         log.info(
-            "sequencer loaded: %d pending pages, %d raw partitions",
+            "sequencer loaded: %d pending pages, %d raw partitions, %d decisions sent again",
             len(self.sequencer),
             self.sequencer.partitions,
+            sum(e.topic == "decisions" for e in again),
         )
-        return self._resume()
+        return again + self._resume()
+
+    def _unpublished(self) -> list[Emit]:
+        """The outputs of decisions made while handling sequencer messages from
+        ``self.offset`` on: the previous owner stored them, but the input offset was not
+        committed, so they may never have reached the broker (the replayed messages only
+        find them decided). Older outbox entries were delivered: they are dropped."""
+        out: list[Emit] = []
+        self.unconfirmed = deque()
+        n = len(_OUTBOX)
+        for key, _ in self.journal.scan(_OUTBOX):
+            if int.from_bytes(key[n : n + 8], "big") < self.offset:
+                self.journal.delete_many([key])
+                continue
+            out += self._stored(int.from_bytes(key[n + 8 :], "big")) or []
+            self.unconfirmed.append(key)
+        return out
+
+    def confirm(self, committed: int | None) -> None:
+        """Forget outbox entries below ``committed``, the sequencer offset committed last:
+        the consumer commits only after the producer flushed, so their outputs are out."""
+        if committed is None or not self.loaded:
+            return
+        n, done = len(_OUTBOX), []
+        queue = self.unconfirmed
+        while queue and int.from_bytes(queue[0][n : n + 8], "big") < committed:
+            done.append(queue.popleft())
+        if done:
+            self.journal.delete_many(done)
+            self.journal.apply(0)
 
     def _resume(self) -> list[Emit]:
         """After ``load``: what to send again (nothing here)."""
@@ -198,6 +238,7 @@ class DecideStage:
         """Forget the in-memory state (the partition was revoked)."""
         self.loaded = False
         self.sequencer = Sequencer()
+        self.unconfirmed = deque()
 
     def _save_progress(self, partitions: Iterable[int]) -> None:
         seq = self.sequencer
@@ -300,6 +341,9 @@ class DecideStage:
         if outcome.merges:
             value = json.dumps([m.to_json() for m in outcome.merges], ensure_ascii=False)
             engine.kv.put_many([(_MERGES + pid_bytes(a.pid), value.encode())])
+        outbox = _OUTBOX + max(self.offset, 0).to_bytes(8, "big") + pid_bytes(a.pid)
+        engine.kv.put_many([(outbox, b"1")])
+        self.unconfirmed.append(outbox)
         engine.kv.commit()
         kind = str(outcome.decision["decision"])
         self.counts.decisions[kind] = self.counts.decisions.get(kind, 0) + 1

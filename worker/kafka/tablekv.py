@@ -30,6 +30,11 @@ _BATCH_BYTES = 1 << 20
 _NO_COMPRESSION = 0
 
 
+class StateWriteError(RuntimeError):
+    """A write to the local RocksDB state failed (a full disk, a file size limit, an I/O
+    error): the worker cannot go on, and must stop before it publishes anything more."""
+
+
 class ScanKV(KV, Protocol):
     """A ``KV`` that can also list the items under a key prefix, in key order."""
 
@@ -63,8 +68,11 @@ class Changelog:
         self.app = app
         self._pending: dict[tuple[Any, int], list[tuple[bytes, bytes | None]]] = {}
         self._sent: list[asyncio.Future[Any]] = []
-        #: A batch of records never reached the broker.
+        #: A batch of records never reached the broker, or a local write failed: the
+        #: local tables may differ from their changelogs.
         self.failed = False
+        #: The local write that failed, if one did (what the worker stops on).
+        self.error: StateWriteError | None = None
 
     @property
     def clean(self) -> bool:
@@ -102,6 +110,8 @@ class Changelog:
             await asyncio.gather(*sent)  # a failed batch raises: the agent stops the worker
         else:
             self._sent = [f for f in self._sent if not f.done()]
+        if self.error is not None:
+            raise self.error
         if self.failed:
             raise RuntimeError("changelog records did not reach the broker")
 
@@ -163,7 +173,19 @@ class TableKV:
                 batch.delete(key)
             else:
                 batch.put(key, value)
-        db.write(batch)
+        try:
+            db.write(batch)
+        except Exception as exc:  # rocksdict raises a bare Exception with RocksDB's status
+            # the local tables are in doubt now: restore them from the changelog next time
+            self.changelog.failed = True
+            where = self.table.data.partition_path(partition)
+            self.changelog.error = StateWriteError(
+                f"fatal: cannot write the worker's state ({where}): {exc}. Free disk space "
+                "or fix the state directory, then restart the worker: nothing is lost, the "
+                "pages not yet decided are read again and their state restored from the "
+                "changelog"
+            )
+            raise self.changelog.error from exc
         self.changelog.add(self.table, partition, records)
         return True
 

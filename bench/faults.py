@@ -1,0 +1,299 @@
+"""The worker under faults, on the dev pages, against a broker of its own. Prints figures;
+asserts nothing (the integration tests in tests/integration/test_faults.py do).
+
+    .venv/bin/python bench/faults.py [--pages 600] [--kills 10] [--seed N]
+        [--rebuild-pages 100000] [--load-minutes 5] [--quota-kib 256]
+
+It starts scripts/kafka-local.sh on free loopback ports (it stops and starts that broker)
+and measures, in one run:
+
+* SIGKILL: one worker killed ``--kills`` times at seeded random points while it decides
+  ``--pages`` dev pages, restarted each time on its state directory: pages in against
+  decisions plus rejects out, and from each kill to ready and to the next decision;
+* broker restart: the broker stopped (``stop --keep``) and started while the worker runs:
+  pages in and out, and from the stop to the next decision;
+* state rebuild: a worker indexes ``--rebuild-pages`` pages (the dev pages again and again
+  under new ids, as ``bench/worker.py``'s recovery does), stops, loses its state
+  directory and starts again: the time to rebuild from the changelog topics, then pages
+  in and out with the rest of the stream;
+* slow downstream: the whole dev set waiting in the raw topic while the broker throttles
+  every producer to ``--quota-kib`` KiB/s (a client quota, ``producer_byte_rate``), for
+  ``--load-minutes``: the worker process tree's resident memory, sampled every second.
+
+Each scenario also checks its decisions and clusters against ``neardup dedup`` on the same
+pages and prints whether they agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import DATA, raw_lines
+from tests.integration.helpers import (
+    Deployment,
+    LocalBroker,
+    Reference,
+    all_out,
+    check_against,
+    reference,
+    tree_rss,
+)
+
+
+def copies(lines: list[bytes], n: int) -> list[bytes]:
+    """``n`` pages: the dev stream again and again under new ids, each copy two days later
+    (``bench/worker.py``'s recovery stream)."""
+    out = []
+    for i in range(n):
+        msg = json.loads(lines[i % len(lines)])
+        copy = i // len(lines)
+        msg["url"] = f"{msg['url']}#copy{copy}"
+        fetched = dt.datetime.fromisoformat(msg["fetched_at"].replace("Z", "+00:00"))
+        later = fetched + dt.timedelta(days=2 * copy)
+        msg["fetched_at"] = later.isoformat(timespec="seconds").replace("+00:00", "Z")
+        out.append(json.dumps(msg, ensure_ascii=False).encode())
+    return out
+
+
+def in_order(lines: list[bytes]) -> list[bytes]:
+    """The dev pages in (fetched_at, page_id) order, the order the worker decides in."""
+    from tests.integration.helpers import _sort_key
+
+    return sorted(lines, key=_sort_key)
+
+
+def outcome(values: list[bytes], ref: Reference, d: Deployment) -> str:
+    """Pages in against distinct decisions plus rejects out, and the reference check."""
+    decided = d.decided()
+    rejected = {(r["page_id"], r["url"]) for r in d.rejects()}
+    copies_out = len(d.decisions()) - len(decided)
+    try:
+        check_against(ref, d)
+        same = "same decisions and clusters as neardup dedup"
+    except AssertionError as exc:
+        same = f"DIFFERS from neardup dedup: {str(exc)[:200]}"
+    return (
+        f"{len(values)} pages in, {len(decided)} decisions + {len(rejected)} rejects out "
+        f"({copies_out} identical copies); {same}"
+    )
+
+
+def settle(d: Deployment, ref: Reference, timeout: float) -> None:
+    """Wait until every page is out; on a timeout, say so (the counts tell what is missing)."""
+    try:
+        d.wait(lambda: all_out(ref, d), timeout, "every page out")
+    except AssertionError as exc:
+        print(f"  NOT EVERY PAGE OUT: {exc}")
+
+
+def sigkills(broker: LocalBroker, tmp: Path, values: list[bytes], kills: int, seed: int) -> None:
+    rng = random.Random(seed)
+    ref = reference(values, tmp)
+    d = Deployment(broker.bootstrap, tmp / "kill", 2)
+    try:
+        d.produce(values)
+        ready_s, next_s = [], []
+        w = d.worker(0)
+        w.env["NEARDUP_GROUP_INSTANCE_ID"] = "w0"
+        w.start()
+        done = 0
+        for k in range(kills):
+            step = rng.randint(1, max(2, len(values) // (kills * 2)))
+            target = min(len(d.decided()) + step, len(ref.decisions) - 1)
+            try:
+                d.wait(lambda t=target: len(d.decided()) >= t, 180, f"decision {target}")
+            except AssertionError as exc:
+                print(f"  stopped killing after {k} kills: {exc}")
+                break
+            time.sleep(rng.uniform(0.0, 1.0))
+            w.kill()
+            done += 1
+            killed, before = time.monotonic(), len(d.decisions())
+            w = d.worker(0)
+            w.env["NEARDUP_GROUP_INSTANCE_ID"] = "w0"
+            w.start()
+            d.wait(lambda w=w: w.get("/readyz") == 200, 900, "ready after the kill")
+            ready_s.append(time.monotonic() - killed)
+            d.wait(lambda b=before: len(d.decisions()) > b or all_out(ref, d), 180, "a decision")
+            next_s.append(time.monotonic() - killed)
+        settle(d, ref, 300)
+        print(f"SIGKILL x{done} (seed {seed}): {outcome(values, ref, d)}")
+        print(
+            f"  kill to ready: median {statistics.median(ready_s):.1f} s "
+            f"(min {min(ready_s):.1f}, max {max(ready_s):.1f}); kill to next decision: "
+            f"median {statistics.median(next_s):.1f} s (max {max(next_s):.1f})"
+        )
+    finally:
+        d.close()
+
+
+def broker_restart(broker: LocalBroker, tmp: Path, values: list[bytes]) -> None:
+    ref = reference(values, tmp)
+    d = Deployment(broker.bootstrap, tmp / "broker", 2)
+    try:
+        d.produce(values)
+        d.worker(0).start()
+        d.wait(lambda: len(d.decided()) >= len(values) // 4, 900, "a quarter decided")
+        t0 = time.monotonic()
+        broker.run("stop", "--keep")
+        stopped = time.monotonic()
+        at = len(d.decided())
+        broker.run("start")
+        up = time.monotonic()
+        d.wait(lambda: len(d.decided()) > at or all_out(ref, d), 900, "a decision after")
+        back = time.monotonic()
+        settle(d, ref, 300)
+        print(f"broker restart: {outcome(values, ref, d)}")
+        print(
+            f"  broker stop {stopped - t0:.1f} s, down {up - stopped:.1f} s (start to ready); "
+            f"next decision {back - up:.1f} s after the broker was ready, "
+            f"{back - t0:.1f} s after the stop began"
+        )
+    finally:
+        d.close()
+
+
+def rebuild(broker: LocalBroker, tmp: Path, lines: list[bytes], pages: int) -> None:
+    values = copies(lines, pages + 200)
+    t0 = time.monotonic()
+    ref = reference(values, tmp)
+    print(f"  (reference over {len(values)} pages: {time.monotonic() - t0:.0f} s)")
+    d = Deployment(broker.bootstrap, tmp / "rebuild", 2)
+    try:
+        d.produce(values[:pages])
+        w = d.worker(0).start()
+        t0 = time.monotonic()
+        d.wait(lambda: len(d.decided()) + len(d.rejects()) >= pages, 24 * 3600, "indexed")
+        rate = pages / (time.monotonic() - t0)
+        w.stop()
+        shutil.rmtree(d.tmp / "worker0")
+        d.produce(values[pages:])
+        t0 = time.monotonic()
+        again = d.worker(0).start()
+        d.wait(lambda: again.get("/readyz") == 200, 24 * 3600, "rebuilt")
+        ready = time.monotonic() - t0
+        settle(d, ref, 600)
+        done = time.monotonic() - t0
+        log = again.log.read_text(errors="replace").split("[^Worker]: Starting")[-1]
+        highwaters = _highwaters(log)
+        print(f"state deleted with {pages} pages indexed: {outcome(values, ref, d)}")
+        print(
+            f"  indexed at {rate:.0f} pages/s; rebuilt from the changelog in {ready:.1f} s "
+            f"({highwaters} changelog records), the remaining {len(values) - pages} pages "
+            f"decided {done:.1f} s after the start"
+        )
+        if pages < 100_000:
+            print(
+                f"  EXTRAPOLATED, not measured: at the same records per page, 100,000 pages "
+                f"would take about {ready * 100_000 / pages:.0f} s to rebuild (linear in the "
+                "changelog records; measured here with fewer pages)"
+            )
+    finally:
+        d.close()
+
+
+def _highwaters(log: str) -> int:
+    """Sum of the changelog highwaters Faust prints before it restores."""
+    part = log.rsplit("Highwater for active changelog partitions", maxsplit=1)[-1]
+    part = part.split("Reading Starts", maxsplit=1)[0]
+    total = 0
+    for row in part.splitlines():
+        cells = [c.strip() for c in row.split("|") if c.strip()]
+        if len(cells) == 3 and cells[2].isdigit():
+            total += int(cells[2])
+    return total
+
+
+def slow_downstream(
+    broker: LocalBroker, tmp: Path, values: list[bytes], minutes: float, quota_kib: int
+) -> None:
+    d = Deployment(broker.bootstrap, tmp / "slow", 2)
+    quota = ["--entity-type", "clients", "--entity-default"]
+    samples: list[tuple[float, int]] = []
+    try:
+        d.produce(values)  # the backlog, before the quota (it throttles every client)
+        broker.config("--alter", *quota, "--add-config", f"producer_byte_rate={quota_kib << 10}")
+        w = d.worker(0).start()
+        assert w.proc is not None
+        t0 = time.monotonic()
+        end = t0 + minutes * 60
+        while time.monotonic() < end and len(d.decided()) + len(d.rejects()) < len(values):
+            samples.append((time.monotonic() - t0, tree_rss(w.proc.pid)))
+            assert w.alive(), w.tail()
+            time.sleep(1.0)
+        out = len(d.decided()) + len(d.rejects())
+        elapsed = time.monotonic() - t0
+    finally:
+        broker.config("--alter", *quota, "--delete-config", "producer_byte_rate")
+        d.close()
+    mib = [r / 2**20 for _, r in samples]
+    minute = [r for t, r in zip([t for t, _ in samples], mib, strict=True) if t <= 60]
+    later = [r for t, r in zip([t for t, _ in samples], mib, strict=True) if t > 60]
+    print(
+        f"slow downstream ({quota_kib} KiB/s for every producer, {elapsed / 60:.1f} min): "
+        f"{len(values)} pages waiting, {out} out ({out / elapsed:.2f} pages/s)"
+    )
+    print(
+        f"  worker tree RSS: peak {max(mib):.0f} MiB; peak in the first minute "
+        f"{max(minute):.0f} MiB, after it {max(later) if later else float('nan'):.0f} MiB; "
+        f"last {mib[-1]:.0f} MiB"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, default=DATA / "neardup-dev")
+    ap.add_argument("--pages", type=int, default=600)
+    ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--rebuild-pages", type=int, default=100_000)
+    ap.add_argument("--load-minutes", type=float, default=5.0)
+    ap.add_argument("--quota-kib", type=int, default=256)
+    ap.add_argument(
+        "--only",
+        nargs="*",
+        default=["kill", "broker", "rebuild", "slow"],
+        choices=["kill", "broker", "rebuild", "slow"],
+    )
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+
+    lines = [ln.rstrip(b"\n") for ln in raw_lines(args.data / "pages.jsonl.gz")]
+    tmp = Path(tempfile.mkdtemp(prefix="neardup-faults-"))
+    broker = LocalBroker(tmp / "kafka")
+    broker.run("start")
+    try:
+        print(f"{len(lines)} dev pages, broker {broker.bootstrap}")
+        subset = in_order(lines)[: args.pages]
+        scenarios: dict[str, Any] = {
+            "kill": lambda: sigkills(broker, tmp / "k", subset, args.kills, seed),
+            "broker": lambda: broker_restart(broker, tmp / "b", subset),
+            "rebuild": lambda: rebuild(broker, tmp / "r", lines, args.rebuild_pages),
+            "slow": lambda: slow_downstream(
+                broker, tmp / "s", lines, args.load_minutes, args.quota_kib
+            ),
+        }
+        for name in args.only:
+            (tmp / name[0]).mkdir(exist_ok=True)
+            t0 = time.monotonic()
+            scenarios[name]()
+            print(f"  ({name}: {time.monotonic() - t0:.0f} s)", flush=True)
+    finally:
+        broker.run("stop", check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
