@@ -106,6 +106,50 @@ def _tune_fetch() -> None:
     thread._create_worker_consumer = create  # type: ignore[method-assign]
 
 
+def _strict_commits() -> None:
+    """Never commit past a message that was not acknowledged.
+
+    Faust's ``Consumer._new_offset`` commits the run of acknowledged offsets that starts
+    at the smallest one, and only checks that this run starts where the last commit ended
+    if ``min(acked) - committed > 1``: one unacknowledged message right at the committed
+    offset is committed past (faust-streaming issues #312, #606). Around a start or a
+    rebalance, with prefetched messages delivered out of order, that lost a raw page now
+    and then (tests/integration/test_faults.py). This is the same function with the check
+    made exact (``committed`` is the next offset to read, as Kafka's commits are)."""
+    from faust.transport import consumer as faust_consumer
+    from faust.utils.functional import consecutive_numbers
+
+    base = faust_consumer.Consumer
+    if getattr(base._new_offset, "neardup_strict", False):
+        return
+
+    def new_offset(self: Any, tp: Any) -> int | None:
+        acked = self._acked[tp]
+        if not acked:
+            return None
+        gaps = self._gap[tp]
+        if gaps:  # offsets a compacted or transactional topic does not have count as acked
+            top = max(acked)
+            spans = sorted(gaps.overlap(0, top), key=lambda x: x.begin)
+            if spans:
+                filled: list[int] = []
+                for span in spans:
+                    filled.extend(range(span.begin, span.end))
+                acked.extend(filled)
+                gaps.chop(0, max(filled[-1], top + 1))
+        acked.sort()
+        committed = self._committed_offset[tp]
+        if committed is not None and acked[0] > committed:
+            return None  # the message at the committed offset is not acknowledged yet
+        batch = next(consecutive_numbers(acked))
+        acked[: len(batch)] = []
+        self._acked_index[tp].difference_update(batch)
+        return int(batch[-1]) + 1
+
+    new_offset.neardup_strict = True  # type: ignore[attr-defined]
+    base._new_offset = new_offset  # type: ignore[method-assign]
+
+
 def _raw_schema() -> faust.Schema[bytes, bytes]:
     return faust.Schema(
         key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
@@ -135,6 +179,7 @@ class Worker:
         self.names = TopicNames.of(settings)
         self.routed = settings.topology == "routed"
         _tune_fetch()
+        _strict_commits()
         self.app = app = faust.App(
             settings.app_id,
             broker=[f"kafka://{h}" for h in settings.brokers.split(",")],
