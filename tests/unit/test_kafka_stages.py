@@ -164,6 +164,23 @@ def test_journal_ops_round_trip(raw_ops: list[tuple[int, bytes, bytes]], tag: in
     assert decode_ops(encode_ops(tag, ops)) == (tag, ops)
 
 
+def test_unjournaled_writes_clear_the_journal_so_no_older_step_is_redone_over_them() -> None:
+    inner = ScanMemoryKV()
+    kv = JournalKV(inner)
+    kv.put_many([(b"\x01Qa", b"old")])
+    kv.apply(3)
+    assert JOURNAL_KEY in inner.data
+    kv.put_unjournaled([(b"\x01Qa", b"new"), (b"\x01Rb", b"x")])
+    assert JOURNAL_KEY not in inner.data
+    assert inner.data[b"\x01Qa"] == b"new" and inner.data[b"\x01Rb"] == b"x"
+    # a restart finds nothing to redo: the newer value stays
+    assert not JournalKV(inner).redo_last()
+    assert inner.data[b"\x01Qa"] == b"new"
+    kv.put_many([(b"\x01Rc", b"y")])
+    with pytest.raises(RuntimeError):
+        kv.put_unjournaled([(b"\x01Rd", b"z")])
+
+
 def test_journal_writes_the_page_record_last_and_redoes_a_cut_page() -> None:
     inner = ScanMemoryKV()
     inner.put_many([(b"Told1", b"1"), (b"Told2", b"2")])

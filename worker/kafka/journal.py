@@ -72,6 +72,8 @@ class JournalKV:
     def __init__(self, inner: ScanKV) -> None:
         self.inner = inner
         self._ops: list[Op] = []
+        #: The journal key may hold a step (unknown after a restart: assume it does).
+        self._journal_live = True
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         return self.inner.get_many(keys)
@@ -102,7 +104,21 @@ class JournalKV:
         if not ops:
             return
         self.inner.put_many([(JOURNAL_KEY, encode_ops(tag, ops))])
+        self._journal_live = True
         self._write(ops)
+
+    def put_unjournaled(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        """Write ``items`` now, without a journal: for writes that may land in part (each
+        item stands on its own), where a journal would only copy them once more. The
+        journal is cleared first, so that no older step is redone over them."""
+        if self._ops:
+            raise RuntimeError("unjournaled writes in the middle of a journalled step")
+        if not items:
+            return
+        if self._journal_live:
+            self.inner.delete_many([JOURNAL_KEY])
+            self._journal_live = False
+        self.inner.put_many(items)
 
     def redo_last(self) -> bool:
         """Rewrite the last journalled step (at start-up: a crash may have cut it short).

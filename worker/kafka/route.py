@@ -162,12 +162,17 @@ def probe_bucket(
     The answer leaves out entries of later pages, so a probe sent again answers the
     same; the page's entry is added once (``KVIndex.appended``: expired entries go, a
     full bucket takes nothing)."""
-    entries = np.frombuffer(stored or b"", dtype=ENTRY)
+    if not stored:  # the common case (most period strings are a page's own): no numpy
+        if not probe.append:
+            return None, None
+        new_entry = index.appended(None, np.frombuffer(probe.entry, dtype=ENTRY))
+        return None, None if new_entry is None else (new_entry, probe.seq.to_bytes(8, "little"))
+    entries = np.frombuffer(stored, dtype=ENTRY)
     order_seqs = np.frombuffer(seqs or b"", dtype="<u8")
     before = order_seqs < probe.seq
     prior = entries[before]
     answer = prior.tobytes() if len(prior) else None
-    if not probe.append or probe.pid in set(entries["pid"].tolist()):
+    if not probe.append or bool((entries["pid"] == probe.pid).any()):
         return answer, None
     entry = np.frombuffer(probe.entry, dtype=ENTRY)
     new = index.appended(answer, entry)
