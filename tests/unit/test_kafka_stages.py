@@ -181,6 +181,32 @@ def test_unjournaled_writes_clear_the_journal_so_no_older_step_is_redone_over_th
         kv.put_unjournaled([(b"\x01Rd", b"z")])
 
 
+def test_a_store_with_write_batches_gets_each_step_in_one_batch_journal_first() -> None:
+    batches: list[list[tuple[bytes, bytes | None]]] = []
+
+    class Batching(ScanMemoryKV):
+        def write(self, records: list[tuple[bytes, bytes | None]]) -> None:
+            batches.append(list(records))
+            for key, value in records:
+                if value is None:
+                    self.data.pop(key, None)
+                else:
+                    self.data[key] = value
+
+    inner = Batching()
+    kv = JournalKV(inner)
+    kv.put_many([(b"M\x01", b"record"), (b"P\x01", b"bucket")])
+    kv.delete_many([b"P\x02"])
+    kv.apply(5)
+    assert [[k for k, _ in b] for b in batches] == [[JOURNAL_KEY, b"P\x01", b"P\x02", b"M\x01"]]
+    assert decode_ops(inner.data[JOURNAL_KEY])[0] == 5
+    kv.put_unjournaled([(b"\x01Qa", b"v")])
+    assert batches[-1] == [(JOURNAL_KEY, None), (b"\x01Qa", b"v")]
+    assert JOURNAL_KEY not in inner.data and inner.data[b"\x01Qa"] == b"v"
+    kv.put_unjournaled([(b"\x01Qb", b"w")])  # the journal is clear already
+    assert batches[-1] == [(b"\x01Qb", b"w")]
+
+
 def test_journal_writes_the_page_record_last_and_redoes_a_cut_page() -> None:
     inner = ScanMemoryKV()
     inner.put_many([(b"Told1", b"1"), (b"Told2", b"2")])

@@ -27,6 +27,7 @@ answered with exactly what was published for it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -250,6 +251,9 @@ class Worker:
             page = await self._analyse(event)
             if page is not None:
                 pages.append(page)
+            # the analysis blocks the loop: let the producer send what the other agents
+            # published meanwhile (decisions, held back, would wait a whole batch)
+            await asyncio.sleep(0)
         if pages:
             await self.send(self.sequence, None, wire.frame(pages), None)
 

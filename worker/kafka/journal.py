@@ -103,8 +103,13 @@ class JournalKV:
         self._ops = []
         if not ops:
             return
-        self.inner.put_many([(JOURNAL_KEY, encode_ops(tag, ops))])
+        journal = encode_ops(tag, ops)
         self._journal_live = True
+        write = getattr(self.inner, "write", None)  # one write batch (``TableKV``)
+        if write is not None and all(kind != _DELETE_PREFIX for kind, _, _ in ops):
+            write([(JOURNAL_KEY, journal)] + [(key, value) for _, key, value in ops])
+            return
+        self.inner.put_many([(JOURNAL_KEY, journal)])
         self._write(ops)
 
     def put_unjournaled(self, items: Sequence[tuple[bytes, bytes]]) -> None:
@@ -115,9 +120,16 @@ class JournalKV:
             raise RuntimeError("unjournaled writes in the middle of a journalled step")
         if not items:
             return
+        records: list[tuple[bytes, bytes | None]] = list(items)
         if self._journal_live:
-            self.inner.delete_many([JOURNAL_KEY])
+            records.insert(0, (JOURNAL_KEY, None))
             self._journal_live = False
+        write = getattr(self.inner, "write", None)  # one write batch (``TableKV``)
+        if write is not None:
+            write(records)
+            return
+        if records[0][0] == JOURNAL_KEY:
+            self.inner.delete_many([JOURNAL_KEY])
         self.inner.put_many(items)
 
     def redo_last(self) -> bool:
