@@ -71,12 +71,17 @@ def test_sigkill_mid_stream_then_restart_loses_nothing_and_decides_nothing_twice
     values = stream(range(1, 11))
     ref = reference(values, tmp_path)
     d = deploy(2, topology)
-    d.produce(values)
+    # the second half comes after the kill: a worker fast enough to decide the whole
+    # stream between two looks at the decisions would otherwise be killed too late (the
+    # stream is in decision order, so no page of the second half comes late)
+    half = len(values) // 2
+    d.produce(values[:half])
     first = d.worker(0).start()
     d.wait(lambda: len(d.decided()) >= len(ref.decisions) // 4, DEADLINE, "a quarter decided")
     first.kill()
     before = len(d.decided())
     assert before < len({x["page_id"] for x in ref.decisions}), "killed too late"
+    d.produce(values[half:])
     again = d.worker(0).start()  # the same state directory, left behind by a killed worker
     d.wait(lambda: _all_out(ref, d), DEADLINE, "every page decided after the restart")
     _check_against(ref, d)
