@@ -52,7 +52,7 @@ def gold() -> list[Analysed]:
 
 def test_analysed_round_trips_without_its_body(gold: list[Analysed]) -> None:
     for a in gold:
-        back = wire.analysed_from_bytes(wire.analysed_to_bytes(a))
+        back = wire.analysed_from_json(json.loads(json.dumps(wire.analysed_to_json(a))))
         assert back.fps == a.fps
         assert back.page.body == ""
         assert (back.pid, back.order, back.host, back.title) == (a.pid, a.order, a.host, a.title)
@@ -162,49 +162,6 @@ def test_progress_round_trips() -> None:
 def test_journal_ops_round_trip(raw_ops: list[tuple[int, bytes, bytes]], tag: int) -> None:
     ops = [(kind, k, v if kind == 0 else None) for kind, k, v in raw_ops]
     assert decode_ops(encode_ops(tag, ops)) == (tag, ops)
-
-
-def test_unjournaled_writes_clear_the_journal_so_no_older_step_is_redone_over_them() -> None:
-    inner = ScanMemoryKV()
-    kv = JournalKV(inner)
-    kv.put_many([(b"\x01Qa", b"old")])
-    kv.apply(3)
-    assert JOURNAL_KEY in inner.data
-    kv.put_unjournaled([(b"\x01Qa", b"new"), (b"\x01Rb", b"x")])
-    assert JOURNAL_KEY not in inner.data
-    assert inner.data[b"\x01Qa"] == b"new" and inner.data[b"\x01Rb"] == b"x"
-    # a restart finds nothing to redo: the newer value stays
-    assert not JournalKV(inner).redo_last()
-    assert inner.data[b"\x01Qa"] == b"new"
-    kv.put_many([(b"\x01Rc", b"y")])
-    with pytest.raises(RuntimeError):
-        kv.put_unjournaled([(b"\x01Rd", b"z")])
-
-
-def test_a_store_with_write_batches_gets_each_step_in_one_batch_journal_first() -> None:
-    batches: list[list[tuple[bytes, bytes | None]]] = []
-
-    class Batching(ScanMemoryKV):
-        def write(self, records: list[tuple[bytes, bytes | None]]) -> None:
-            batches.append(list(records))
-            for key, value in records:
-                if value is None:
-                    self.data.pop(key, None)
-                else:
-                    self.data[key] = value
-
-    inner = Batching()
-    kv = JournalKV(inner)
-    kv.put_many([(b"M\x01", b"record"), (b"P\x01", b"bucket")])
-    kv.delete_many([b"P\x02"])
-    kv.apply(5)
-    assert [[k for k, _ in b] for b in batches] == [[JOURNAL_KEY, b"P\x01", b"P\x02", b"M\x01"]]
-    assert decode_ops(inner.data[JOURNAL_KEY])[0] == 5
-    kv.put_unjournaled([(b"\x01Qa", b"v")])
-    assert batches[-1] == [(JOURNAL_KEY, None), (b"\x01Qa", b"v")]
-    assert JOURNAL_KEY not in inner.data and inner.data[b"\x01Qa"] == b"v"
-    kv.put_unjournaled([(b"\x01Qb", b"w")])  # the journal is clear already
-    assert batches[-1] == [(b"\x01Qb", b"w")]
 
 
 def test_journal_writes_the_page_record_last_and_redoes_a_cut_page() -> None:

@@ -27,7 +27,6 @@ answered with exactly what was published for it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -62,9 +61,6 @@ RELEASE_BATCH = 200
 #: costs one flush of the changelog before its outputs go out (a broker round trip).
 EVENT_BATCH = 500
 EVENT_WAIT_S = 0.01
-#: Raw pages analysed in one batch, whose analysed pages go to the sequencer in one
-#: message: at ~4 ms of analysis a page, a batch holds a page back for at most ~80 ms.
-RAW_BATCH = 20
 PRODUCER_BATCH_BYTES = 1 << 20
 
 #: Bytes a partition per fetch while the tables are restored from their changelogs.
@@ -235,8 +231,8 @@ class Worker:
         self.ready = False
 
         async def analyse_agent(stream: Any) -> None:
-            async for events in stream.take_events(RAW_BATCH, within=EVENT_WAIT_S):
-                await self.on_raw(events)
+            async for event in stream.events():
+                await self.on_raw(event)
 
         async def sequence_agent(stream: Any) -> None:
             async for events in stream.take_events(EVENT_BATCH, within=EVENT_WAIT_S):
@@ -305,23 +301,8 @@ class Worker:
 
     # -- agents ----------------------------------------------------------------------
 
-    async def on_raw(self, events: list[Any]) -> None:
-        """Raw pages: analyse them, dead-letter the unreadable ones and forward the rest to
-        the sequencer in one message (one Kafka message, and one sequencer event, for
-        many pages)."""
-        pages: list[bytes] = []
-        for event in events:
-            page = await self._analyse(event)
-            if page is not None:
-                pages.append(page)
-            # the analysis blocks the loop: let the producer send what the other agents
-            # published meanwhile (decisions, held back, would wait a whole batch)
-            await asyncio.sleep(0)
-        if pages:
-            await self.send(self.sequence, None, wire.frame(pages), None)
-
-    async def _analyse(self, event: Any) -> bytes | None:
-        """One raw page analysed (the encoded ``PageMsg``), or None: dead-lettered."""
+    async def on_raw(self, event: Any) -> None:
+        """One raw page: analyse it, forward it to the sequencer or dead-letter it."""
         msg = event.message
         t0 = time.perf_counter()
         # In the sandbox's child process when there is one; waiting for it here costs less
@@ -342,11 +323,10 @@ class Worker:
             )
             key = result.page_id.encode() if result.page_id else None
             await self.send(self.rejects, key, _json(result.to_json()), None)
-            return None
+            return
         ts = float(msg.timestamp or 0.0)
-        return wire.encode(
-            wire.PageMsg(msg.partition, msg.offset, self.raw_partitions(), result, ts)
-        )
+        page = wire.PageMsg(msg.partition, msg.offset, self.raw_partitions(), result, ts)
+        await self.send(self.sequence, result.page.page_id.encode(), wire.encode(page), None)
 
     async def on_sequence(self, events: list[Any]) -> None:
         """A batch of sequencer messages: release what they allow; publish once the state

@@ -72,8 +72,6 @@ class JournalKV:
     def __init__(self, inner: ScanKV) -> None:
         self.inner = inner
         self._ops: list[Op] = []
-        #: The journal key may hold a step (unknown after a restart: assume it does).
-        self._journal_live = True
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         return self.inner.get_many(keys)
@@ -103,34 +101,8 @@ class JournalKV:
         self._ops = []
         if not ops:
             return
-        journal = encode_ops(tag, ops)
-        self._journal_live = True
-        write = getattr(self.inner, "write", None)  # one write batch (``TableKV``)
-        if write is not None and all(kind != _DELETE_PREFIX for kind, _, _ in ops):
-            write([(JOURNAL_KEY, journal)] + [(key, value) for _, key, value in ops])
-            return
-        self.inner.put_many([(JOURNAL_KEY, journal)])
+        self.inner.put_many([(JOURNAL_KEY, encode_ops(tag, ops))])
         self._write(ops)
-
-    def put_unjournaled(self, items: Sequence[tuple[bytes, bytes]]) -> None:
-        """Write ``items`` now, without a journal: for writes that may land in part (each
-        item stands on its own), where a journal would only copy them once more. The
-        journal is cleared first, so that no older step is redone over them."""
-        if self._ops:
-            raise RuntimeError("unjournaled writes in the middle of a journalled step")
-        if not items:
-            return
-        records: list[tuple[bytes, bytes | None]] = list(items)
-        if self._journal_live:
-            records.insert(0, (JOURNAL_KEY, None))
-            self._journal_live = False
-        write = getattr(self.inner, "write", None)  # one write batch (``TableKV``)
-        if write is not None:
-            write(records)
-            return
-        if records[0][0] == JOURNAL_KEY:
-            self.inner.delete_many([JOURNAL_KEY])
-        self.inner.put_many(items)
 
     def redo_last(self) -> bool:
         """Rewrite the last journalled step (at start-up: a crash may have cut it short).

@@ -24,8 +24,8 @@ Nothing here knows Kafka; the agents in ``worker.kafka.app`` carry the messages.
 
 from __future__ import annotations
 
+import json
 import logging
-import struct
 import time
 import zlib
 from collections import Counter
@@ -50,17 +50,15 @@ from worker.kafka.wire import (
     SequenceMsg,
     SketchMsg,
     VerifyMsg,
-    analysed_from_bytes,
-    analysed_to_bytes,
-    decided_part,
+    analysed_from_json,
+    analysed_to_json,
     encode,
 )
 from worker.store import KV
 
 log = logging.getLogger(__name__)
 
-_FLIGHT = b"\x01I"  # + seq (8 bytes) -> a page in flight: _FLIGHT_HEAD, analysed page
-_FLIGHT_HEAD = struct.Struct("<d?")  # the raw message's timestamp, repeat
+_FLIGHT = b"\x01I"  # + seq (8 bytes) -> a page in flight: {"a", "ts", "repeat"}
 _NEXT_SEQ = b"\x01S"  # -> the next sequence number
 _SEQS = b"\x00seq"  # suffix of a bucket's sequence numbers, beside the bucket
 
@@ -162,17 +160,12 @@ def probe_bucket(
     The answer leaves out entries of later pages, so a probe sent again answers the
     same; the page's entry is added once (``KVIndex.appended``: expired entries go, a
     full bucket takes nothing)."""
-    if not stored:  # the common case (most period strings are a page's own): no numpy
-        if not probe.append:
-            return None, None
-        new_entry = index.appended(None, np.frombuffer(probe.entry, dtype=ENTRY))
-        return None, None if new_entry is None else (new_entry, probe.seq.to_bytes(8, "little"))
-    entries = np.frombuffer(stored, dtype=ENTRY)
+    entries = np.frombuffer(stored or b"", dtype=ENTRY)
     order_seqs = np.frombuffer(seqs or b"", dtype="<u8")
     before = order_seqs < probe.seq
     prior = entries[before]
     answer = prior.tobytes() if len(prior) else None
-    if not probe.append or bool((entries["pid"] == probe.pid).any()):
+    if not probe.append or probe.pid in set(entries["pid"].tolist()):
         return answer, None
     entry = np.frombuffer(probe.entry, dtype=ENTRY)
     new = index.appended(answer, entry)
@@ -270,10 +263,9 @@ class RoutedStage(DecideStage):
         self.flights, self.flying, self.flying_keys = {}, Counter(), set()
         out: list[Emit] = []
         for k, v in self.journal.scan(_FLIGHT):
-            since, repeat = _FLIGHT_HEAD.unpack_from(v)
+            obj = json.loads(v)
             seq = int.from_bytes(k[len(_FLIGHT) :], "big")
-            page = analysed_from_bytes(v, _FLIGHT_HEAD.size)
-            flight = Flight(seq, page, since, repeat)
+            flight = Flight(seq, analysed_from_json(obj["a"]), float(obj["ts"]), obj["repeat"])
             self._fly(flight)
             out += self._launch(flight)  # what was on its way was lost with the memory
         if self.flights:
@@ -326,12 +318,14 @@ class RoutedStage(DecideStage):
             except Exception as exc:  # a bug: logged once, the page is dead-lettered
                 return self._failed(a, exc)
             self.engine.kv.commit()  # the template counts, in this page's step
-        page = decided_part(page)  # the rest was for the template filter only
         flight = Flight(self.next_seq, page, since, repeat)
         self.next_seq += 1
-        body = _FLIGHT_HEAD.pack(since, repeat) + analysed_to_bytes(page)
+        body = {"a": analysed_to_json(page), "ts": since, "repeat": repeat}
         self.journal.put_many(
-            [(_flight_key(flight.seq), body), (_NEXT_SEQ, str(self.next_seq).encode())]
+            [
+                (_flight_key(flight.seq), json.dumps(body, ensure_ascii=False).encode()),
+                (_NEXT_SEQ, str(self.next_seq).encode()),
+            ]
         )
         self._fly(flight)
         return self._launch(flight)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -36,8 +35,8 @@ from worker.kafka.wire import (
     MarksMsg,
     PageMsg,
     SequenceMsg,
-    analysed_from_bytes,
-    analysed_to_bytes,
+    analysed_from_json,
+    analysed_to_json,
 )
 from worker.records import Reason, Rejected
 from worker.store import KV, check_marker
@@ -45,7 +44,7 @@ from worker.store import KV, check_marker
 log = logging.getLogger(__name__)
 
 # The stage's own keys beside the engine's (which never start with 0x01).
-_PENDING = b"\x01Q"  # + key_bytes(order, page_id) -> timestamp (_TS), analysed page
+_PENDING = b"\x01Q"  # + key_bytes(order, page_id) -> {"ts", "a": analysed page}
 _PROGRESS = b"\x01R"  # + partition (4 bytes) -> Progress
 _PARTITIONS = b"\x01N"  # -> raw partition count
 _RELEASED = b"\x01L"  # -> key_bytes of the greatest key released
@@ -53,7 +52,6 @@ _MERGES = b"\x01G"  # + pid -> the merges the page's decision caused (JSON list)
 # + sequencer offset (8 bytes) + pid: a decision made while handling that sequencer
 # message, whose outputs may not have reached the broker yet (see ``DecideStage.confirm``)
 _OUTBOX = b"\x01O"
-_TS = struct.Struct("<d")  # the raw message's timestamp, before a stored page
 
 Topic = Literal["decisions", "merges", "rejects", "probes", "records"]
 
@@ -243,15 +241,12 @@ class DecideStage:
         self.unconfirmed = deque()
 
     def _save_progress(self, partitions: Iterable[int]) -> None:
-        self.journal.put_many(self._progress_items(partitions))
-
-    def _progress_items(self, partitions: Iterable[int]) -> list[tuple[bytes, bytes]]:
         seq = self.sequencer
         items = [(_PARTITIONS, str(seq.partitions).encode())]
         items += [
             (_PROGRESS + p.to_bytes(4, "big"), seq.progress[p].to_bytes()) for p in partitions
         ]
-        return items
+        self.journal.put_many(items)
 
     # -- messages --------------------------------------------------------------------
 
@@ -285,18 +280,16 @@ class DecideStage:
         return []
 
     def _accept_page(self, msg: PageMsg) -> list[Emit]:
-        # Written without a journal, pending page first: a crash between the two leaves a
-        # pending page whose offset is not recorded, which its redelivery finds pending.
         a = msg.page
-        writes = []
+        if self.sequencer.observe(msg.partition, msg.offset, msg.partitions, a.order):
+            self._save_progress([msg.partition])
         stored = self._stored(a.pid)
         key: Key = (a.order, a.page.page_id)
         if stored is None and not self._in_progress(key) and self.sequencer.add(key):
-            value = _TS.pack(msg.timestamp) + (msg.as_read or analysed_to_bytes(a))
-            writes.append((_PENDING + key_bytes(key), value))
-        if self.sequencer.observe(msg.partition, msg.offset, msg.partitions, a.order):
-            writes += self._progress_items([msg.partition])
-        self.journal.put_unjournaled(writes)
+            pending = {"ts": msg.timestamp, "a": msg.as_read or analysed_to_json(a)}
+            value = json.dumps(pending, ensure_ascii=False).encode()
+            self.journal.put_many([(_PENDING + key_bytes(key), value)])
+        self.journal.apply(0)
         if stored is not None:  # decided before: redelivered, or crawled again
             self.counts.repeated += 1
             return stored
@@ -315,10 +308,10 @@ class DecideStage:
             if raw is None:  # cannot happen unless the store lost a write
                 log.error("pending page %s vanished from the sequencer's store", key)
                 continue
-            (since,) = _TS.unpack_from(raw)
-            a = analysed_from_bytes(raw, _TS.size)
+            pending = json.loads(raw)
+            a = analysed_from_json(pending["a"])
             t0 = time.perf_counter()
-            out.extend(self._released(a, since))
+            out.extend(self._released(a, float(pending["ts"])))
             # leaving the pending set is part of the page's step: one journal batch
             self.journal.delete_many([_PENDING + kb])
             self.journal.put_many([(_RELEASED, key_bytes(seq.released or key))])

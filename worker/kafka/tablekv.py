@@ -189,17 +189,6 @@ class TableKV:
         self.changelog.add(self.table, partition, records)
         return True
 
-    def write(self, records: list[tuple[bytes, bytes | None]]) -> None:
-        """Puts and deletes (value None), in order, as one write batch where the store
-        allows it."""
-        if records and not self._write(records):
-            table = self.table
-            for key, value in records:
-                if value is not None:
-                    table[key] = value
-                elif key in table:
-                    del table[key]
-
     def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
         records: list[tuple[bytes, bytes | None]] = list(items)
         if records and not self._write(records):
