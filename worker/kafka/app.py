@@ -150,6 +150,23 @@ def _strict_commits() -> None:
     base._new_offset = new_offset  # type: ignore[method-assign]
 
 
+async def _acked_when_done(
+    stream: Any, events: list[Any], handle: Callable[[list[Any]], Awaitable[None]]
+) -> None:
+    """Handle a batch from ``take_events`` and acknowledge it only once handled.
+
+    ``Stream.take_events`` acknowledges a batch in a ``finally``: when the agent is
+    cancelled halfway through it (the worker stopping, at a leave or a restart), the
+    messages not yet handled are acknowledged too, their offsets committed, and they are
+    never seen again. Holding one more reference on each message until its outputs went
+    to the producer leaves them unacknowledged in that case, to be read again."""
+    for event in events:
+        event.message.incref()
+    await handle(events)
+    for event in events:
+        await stream.ack(event)
+
+
 def _raw_schema() -> faust.Schema[bytes, bytes]:
     return faust.Schema(
         key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
@@ -236,7 +253,7 @@ class Worker:
 
         async def sequence_agent(stream: Any) -> None:
             async for events in stream.take_events(EVENT_BATCH, within=EVENT_WAIT_S):
-                await self.on_sequence(events)
+                await _acked_when_done(stream, events, self.on_sequence)
 
         async def marks_timer() -> None:
             await self.send_marks()
@@ -283,14 +300,20 @@ class Worker:
 
         async def probe_agent(stream: Any) -> None:
             async for events in stream.take_events(EVENT_BATCH, within=EVENT_WAIT_S):
-                await self.on_route(events, self.buckets_table)
+                await _acked_when_done(stream, events, self.on_probes)
 
         async def records_agent(stream: Any) -> None:
             async for events in stream.take_events(EVENT_BATCH, within=EVENT_WAIT_S):
-                await self.on_route(events, self.sketches_table)
+                await _acked_when_done(stream, events, self.on_records)
 
         self.probe_agent = self._agent(self.probes, "neardup.probe", probe_agent)
         self.records_agent = self._agent(self.records, "neardup.records", records_agent)
+
+    async def on_probes(self, events: list[Any]) -> None:
+        await self.on_route(events, self.buckets_table)
+
+    async def on_records(self, events: list[Any]) -> None:
+        await self.on_route(events, self.sketches_table)
 
     def _agent(self, topic: Any, name: str, fun: Callable[[Any], Awaitable[None]]) -> Any:
         # An exception out of an agent is a bug: the worker stops (and is restarted, and
