@@ -167,6 +167,23 @@ async def _acked_when_done(
         await stream.ack(event)
 
 
+def _unframed(event: Any, decode: Callable[[bytes], Any], what: str) -> list[Any] | None:
+    """The messages framed in an internal event, or None (logged) if it is undecodable."""
+    try:
+        return [decode(item) for item in wire.unframe(event.value)]
+    except wire.WireError as exc:
+        msg = event.message
+        log.error(
+            "undecodable %s message topic=%s partition=%s offset=%s: %s",
+            what,
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            exc,
+        )
+        return None
+
+
 def _raw_schema() -> faust.Schema[bytes, bytes]:
     return faust.Schema(
         key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
@@ -357,16 +374,8 @@ class Worker:
         emits: list[Emit] = []
         for event in events:
             msg = event.message
-            try:
-                items = [wire.decode(item) for item in wire.unframe(event.value)]
-            except wire.WireError as exc:
-                log.error(
-                    "undecodable sequencer message topic=%s partition=%s offset=%s: %s",
-                    msg.topic,
-                    msg.partition,
-                    msg.offset,
-                    exc,
-                )
+            items = _unframed(event, wire.decode, "sequencer")
+            if items is None:
                 continue
             try:
                 with event_context(event):
@@ -405,17 +414,8 @@ class Worker:
         kv = TableKV(table, self.changelog)
         replies: list[bytes] = []
         for event in events:
-            msg = event.message
-            try:
-                items = [wire.decode_route(item) for item in wire.unframe(event.value)]
-            except wire.WireError as exc:
-                log.error(
-                    "undecodable routing message topic=%s partition=%s offset=%s: %s",
-                    msg.topic,
-                    msg.partition,
-                    msg.offset,
-                    exc,
-                )
+            items = _unframed(event, wire.decode_route, "routing")
+            if items is None:
                 continue
             with event_context(event):
                 for decoded in items:
