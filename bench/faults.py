@@ -27,8 +27,6 @@ pages and prints whether they agree.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import random
 import shutil
 import statistics
@@ -41,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA, raw_lines
+from bench.worker import copies
 from tests.integration.helpers import (
     Deployment,
     LocalBroker,
@@ -50,21 +49,6 @@ from tests.integration.helpers import (
     reference,
     tree_rss,
 )
-
-
-def copies(lines: list[bytes], n: int) -> list[bytes]:
-    """``n`` pages: the dev stream again and again under new ids, each copy two days later
-    (``bench/worker.py``'s recovery stream)."""
-    out = []
-    for i in range(n):
-        msg = json.loads(lines[i % len(lines)])
-        copy = i // len(lines)
-        msg["url"] = f"{msg['url']}#copy{copy}"
-        fetched = dt.datetime.fromisoformat(msg["fetched_at"].replace("Z", "+00:00"))
-        later = fetched + dt.timedelta(days=2 * copy)
-        msg["fetched_at"] = later.isoformat(timespec="seconds").replace("+00:00", "Z")
-        out.append(json.dumps(msg, ensure_ascii=False).encode())
-    return out
 
 
 def in_order(lines: list[bytes]) -> list[bytes]:
@@ -166,7 +150,7 @@ def broker_restart(broker: LocalBroker, tmp: Path, values: list[bytes]) -> None:
 
 
 def rebuild(broker: LocalBroker, tmp: Path, lines: list[bytes], pages: int) -> None:
-    values = copies(lines, pages + 200)
+    values = list(copies(lines, 0, pages + 200))
     t0 = time.monotonic()
     ref = reference(values, tmp)
     print(f"  (reference over {len(values)} pages: {time.monotonic() - t0:.0f} s)")

@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,47 +37,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA, raw_lines
 from tests.integration.helpers import (
-    ROOT,
     Collector,
+    LocalBroker,
     Names,
     WorkerProcess,
     create_topics,
-    free_port,
     message_key,
     produce,
+    tree_cpu,
     wait_for,
 )
 from worker.config import EngineConfig
 from worker.contract import derive_page_id, parse_raw
 from worker.engine import Engine
 from worker.store import MemoryKV
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu(root: int) -> float:
-    """CPU seconds (user + system) of a process and all its descendants now alive: the
-    engine analyses pages in sandbox children."""
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # it ended while we looked
-        parents[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / _TICK
-    total = 0.0
-    for pid, seconds in cpu.items():
-        p = pid
-        while p > 1 and p != root:
-            p = parents.get(p, 0)
-        if p == root:
-            total += seconds
-    return total
 
 
 def engine_rate(lines: list[bytes]) -> tuple[float, float]:
@@ -282,14 +254,10 @@ def recovery(
         run.close()
 
 
-def local_broker() -> tuple[str, dict[str, str]]:
-    port = free_port()
-    while port + 1 > 65535:  # the controller takes the next port
-        port = free_port()
-    run_dir = tempfile.mkdtemp(prefix="neardup-kafka-bench-")
-    env = {**os.environ, "NEARDUP_KAFKA_DIR": run_dir, "NEARDUP_KAFKA_PORT": str(port)}
-    subprocess.run(["bash", str(ROOT / "scripts/kafka-local.sh"), "start"], env=env, check=True)
-    return f"127.0.0.1:{port}", env
+def local_broker() -> LocalBroker:
+    broker = LocalBroker(Path(tempfile.mkdtemp(prefix="neardup-kafka-bench-")))
+    broker.run("start")
+    return broker
 
 
 def main() -> None:
@@ -310,10 +278,8 @@ def main() -> None:
     lines = [ln.rstrip(b"\n") for ln in raw_lines(args.data / "pages.jsonl.gz")]
     if args.limit:
         lines = lines[: args.limit]
-    broker_env = None
-    bootstrap = args.bootstrap
-    if not bootstrap:
-        bootstrap, broker_env = local_broker()
+    broker = None if args.bootstrap else local_broker()
+    bootstrap = broker.bootstrap if broker is not None else args.bootstrap
     tmp = Path(tempfile.mkdtemp(prefix="neardup-bench-"))
     try:
         print(
@@ -359,12 +325,8 @@ def main() -> None:
             print(f"worker logs and state kept in {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-        if broker_env is not None:
-            subprocess.run(
-                ["bash", str(ROOT / "scripts/kafka-local.sh"), "stop"],
-                env=broker_env,
-                check=False,
-            )
+        if broker is not None:
+            broker.run("stop", check=False)
 
 
 if __name__ == "__main__":

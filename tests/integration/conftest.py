@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.integration.helpers import ROOT, free_port
+from tests.integration.helpers import Deployment, LocalBroker
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -43,22 +43,6 @@ def _docker_answers() -> bool:
     return True
 
 
-def _free_port_pair() -> int:
-    """A loopback port whose successor is free too (the script's controller port)."""
-    for _ in range(50):
-        port = free_port()
-        if port < 65535:
-            try:
-                import socket
-
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no pair of free loopback ports")
-
-
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
@@ -73,25 +57,16 @@ def kafka_bootstrap() -> Iterator[str]:
         return
     if not (shutil.which("java") and shutil.which("mvn")):
         _no_broker("KAFKA_BOOTSTRAP_SERVERS is unset, no Docker engine, and no java/mvn")
-    run_dir = tempfile.mkdtemp(prefix="neardup-kafka-pytest-")
-    port = _free_port_pair()
-    script = ROOT / "scripts" / "kafka-local.sh"
-    script_env = {**os.environ, "NEARDUP_KAFKA_DIR": run_dir, "NEARDUP_KAFKA_PORT": str(port)}
-    started = subprocess.run(
-        ["bash", str(script), "start"],
-        env=script_env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    run_dir = Path(tempfile.mkdtemp(prefix="neardup-kafka-pytest-"))
+    broker = LocalBroker(run_dir)
+    started = broker.run("start", check=False)
     if started.returncode != 0:
         shutil.rmtree(run_dir, ignore_errors=True)
         _no_broker(f"scripts/kafka-local.sh start failed:\n{started.stderr[-2000:]}")
     try:
-        yield f"127.0.0.1:{port}"
+        yield broker.bootstrap
     finally:
-        subprocess.run(["bash", str(script), "stop"], env=script_env, timeout=120, check=False)
+        broker.run("stop", check=False)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -102,3 +77,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     rep = outcome.get_result()  # type: ignore[attr-defined]
     setattr(item, f"rep_{rep.when}", rep)
+
+
+@pytest.fixture
+def deploy(kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """``deploy(partitions, topology, bootstrap=...)``: a Deployment (topics and workers of
+    its own) closed at the end, its workers' logs printed if the test failed."""
+    made: list[Deployment] = []
+
+    def make(
+        partitions: int, topology: str = "routed", *, bootstrap: str | None = None
+    ) -> Deployment:
+        d = Deployment(
+            bootstrap or kafka_bootstrap, tmp_path / f"d{len(made)}", partitions, topology
+        )
+        made.append(d)
+        return d
+
+    yield make
+    failed = getattr(request.node, "rep_call", None)
+    for d in made:
+        if failed is not None and failed.failed:
+            print(d.logs())
+        d.close()

@@ -391,28 +391,43 @@ class WorkerProcess:
 # -- a broker of one's own ------------------------------------------------------------------
 
 
-class LocalBroker:
-    """A broker of this test's own (``scripts/kafka-local.sh``), to stop and start."""
+def free_port_pair() -> int:
+    """A loopback port whose successor is free too (the script's controller port)."""
+    for _ in range(50):
+        port = free_port()
+        if port < 65535:
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no pair of free loopback ports")
 
-    def __init__(self, run_dir: Path) -> None:
-        self.port = free_port()
-        while self.port + 1 > 65535:  # the controller takes the next port
-            self.port = free_port()
+
+class LocalBroker:
+    """A broker of its own (``scripts/kafka-local.sh``) on free loopback ports, in
+    ``run_dir``; ``env`` adds the script's other settings (its secured mode, say)."""
+
+    def __init__(self, run_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port_pair()
         self.run_dir = run_dir
         self.env = {
             **os.environ,
+            **(env or {}),
             "NEARDUP_KAFKA_DIR": str(run_dir),
             "NEARDUP_KAFKA_PORT": str(self.port),
         }
         self.bootstrap = f"127.0.0.1:{self.port}"
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """The script with ``args``; a first start may fetch the jars with Maven."""
         done = subprocess.run(
             ["bash", str(ROOT / "scripts" / "kafka-local.sh"), *args],
             env=self.env,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=900,
             check=False,
         )
         if check and done.returncode != 0:
@@ -549,11 +564,11 @@ def accounted(values: list[bytes], ref: Reference, d: Deployment) -> tuple[int, 
     return len(values), out
 
 
-def tree_rss(root: int) -> int:
-    """Resident bytes of a process and all its descendants now alive."""
+def _tree_sum(root: int, field: int) -> int:
+    """The sum of field ``field`` of /proc/<pid>/stat (counted after the command name) over
+    a process and all its descendants now alive."""
     parents: dict[int, int] = {}
-    rss: dict[int, int] = {}
-    page = os.sysconf("SC_PAGE_SIZE")
+    values: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -563,12 +578,24 @@ def tree_rss(root: int) -> int:
         except OSError:
             continue  # it ended while we looked
         parents[int(entry)] = int(fields[1])
-        rss[int(entry)] = int(fields[21]) * page
+        values[int(entry)] = int(fields[field])
     total = 0
-    for pid, size in rss.items():
+    for pid, value in values.items():
         p = pid
         while p > 1 and p != root:
             p = parents.get(p, 0)
         if p == root:
-            total += size
+            total += value
     return total
+
+
+def tree_rss(root: int) -> int:
+    """Resident bytes of a process and all its descendants now alive."""
+    return _tree_sum(root, 21) * os.sysconf("SC_PAGE_SIZE")
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) of a process and all its descendants now alive (the
+    engine analyses pages in sandbox children)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (_tree_sum(root, 11) + _tree_sum(root, 12)) / ticks

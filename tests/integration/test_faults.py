@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from tests.integration.helpers import (
-    Deployment,
     LocalBroker,
     accounted,
     all_out,
@@ -37,23 +36,6 @@ from tests.integration.helpers import (
 pytestmark = pytest.mark.integration
 
 DEADLINE = 240.0
-
-
-@pytest.fixture
-def deploy(kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
-    made: list[Deployment] = []
-
-    def make(partitions: int, bootstrap: str | None = None) -> Deployment:
-        d = Deployment(bootstrap or kafka_bootstrap, tmp_path / f"d{len(made)}", partitions)
-        made.append(d)
-        return d
-
-    yield make
-    failed = getattr(request.node, "rep_call", None)
-    for d in made:
-        if failed is not None and failed.failed:
-            print(d.logs())
-        d.close()
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +107,7 @@ def test_broker_stopped_and_restarted_while_the_worker_runs(
 ) -> None:
     values = stream(range(1, 7))
     ref = reference(values, tmp_path)
-    d = deploy(2, own_broker.bootstrap)
+    d = deploy(2, bootstrap=own_broker.bootstrap)
     d.produce(values)
     w = d.worker(0).start()
     d.wait(lambda: len(d.decided()) >= len(ref.decisions) // 4, DEADLINE, "a quarter decided")
@@ -248,7 +230,7 @@ def test_a_slow_downstream_applies_backpressure(
 ) -> None:
     values = stream(range(1, 5))
     ref = reference(values, tmp_path)
-    d = deploy(2, own_broker.bootstrap)
+    d = deploy(2, bootstrap=own_broker.bootstrap)
     d.produce(values)  # before the quota, which applies to every client of this broker
     quota = 128 * 1024
     own_broker.config(

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import _free_port_pair, _no_broker
+from tests.integration.conftest import _no_broker
 from tests.integration.helpers import (
     ROOT,
     Collector,
+    LocalBroker,
     Names,
     WorkerProcess,
     fold,
@@ -107,30 +108,23 @@ def secure_broker() -> Iterator[SecureBroker]:
         _no_broker(f"the secured broker needs {', '.join(missing)}")
     run_dir = Path(tempfile.mkdtemp(prefix="neardup-kafka-secure-"))
     cafile, keystore = make_pki(run_dir / "pki", "ks-pw-throwaway")
-    port = _free_port_pair()
     sasl_port, ssl_port = free_port(), free_port()
-    while len({port, port + 1, sasl_port, ssl_port}) < 4:
-        sasl_port, ssl_port = free_port(), free_port()
-    script = ROOT / "scripts" / "kafka-local.sh"
-    env = {
-        **os.environ,
-        "NEARDUP_KAFKA_DIR": str(run_dir / "kafka"),
-        "NEARDUP_KAFKA_PORT": str(port),
-        "NEARDUP_KAFKA_SECURE": "1",
-        "NEARDUP_KAFKA_SASL_PORT": str(sasl_port),
-        "NEARDUP_KAFKA_SASL_SSL_PORT": str(ssl_port),
-        "NEARDUP_KAFKA_SASL_USERS": f"{USER}:{PASSWORD}",
-        "NEARDUP_KAFKA_SSL_KEYSTORE": str(keystore),
-        "NEARDUP_KAFKA_SSL_KEYSTORE_PASSWORD": "ks-pw-throwaway",
-    }
-    started = subprocess.run(
-        ["bash", str(script), "start"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+    broker = LocalBroker(
+        run_dir / "kafka",
+        {
+            "NEARDUP_KAFKA_SECURE": "1",
+            "NEARDUP_KAFKA_SASL_PORT": str(sasl_port),
+            "NEARDUP_KAFKA_SASL_SSL_PORT": str(ssl_port),
+            "NEARDUP_KAFKA_SASL_USERS": f"{USER}:{PASSWORD}",
+            "NEARDUP_KAFKA_SSL_KEYSTORE": str(keystore),
+            "NEARDUP_KAFKA_SSL_KEYSTORE_PASSWORD": "ks-pw-throwaway",
+        },
     )
+    while len({broker.port, broker.port + 1, sasl_port, ssl_port}) < 4:
+        sasl_port, ssl_port = free_port(), free_port()
+        broker.env["NEARDUP_KAFKA_SASL_PORT"] = str(sasl_port)
+        broker.env["NEARDUP_KAFKA_SASL_SSL_PORT"] = str(ssl_port)
+    started = broker.run("start", check=False)
     if started.returncode != 0:
         shutil.rmtree(run_dir, ignore_errors=True)
         _no_broker(f"kafka-local.sh start (secured) failed:\n{started.stderr[-2000:]}")
@@ -138,7 +132,7 @@ def secure_broker() -> Iterator[SecureBroker]:
     try:
         yield SecureBroker(f"127.0.0.1:{sasl_port}", f"127.0.0.1:{ssl_port}", str(cafile))
     finally:
-        subprocess.run(["bash", str(script), "stop"], env=env, timeout=120, check=False)
+        broker.run("stop", check=False)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

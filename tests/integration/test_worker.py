@@ -9,20 +9,18 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.integration.helpers import all_out as _all_out
+from tests.integration.helpers import check_against as _check_against
 from tests.integration.helpers import (
-    Deployment,
     reference,
     stream,
     wait_for,
 )
-from tests.integration.helpers import all_out as _all_out
-from tests.integration.helpers import check_against as _check_against
 from worker.contract import validate
 
 pytestmark = pytest.mark.integration
@@ -30,23 +28,6 @@ pytestmark = pytest.mark.integration
 #: Seconds a run may take before a test gives up (this 2-core machine decides the
 #: whole stream in well under a minute).
 DEADLINE = 240.0
-
-
-@pytest.fixture
-def deploy(kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
-    made: list[Deployment] = []
-
-    def make(partitions: int, topology: str = "routed") -> Deployment:
-        d = Deployment(kafka_bootstrap, tmp_path / f"d{len(made)}", partitions, topology)
-        made.append(d)
-        return d
-
-    yield make
-    failed = getattr(request.node, "rep_call", None)
-    for d in made:
-        if failed is not None and failed.failed:
-            print(d.logs())
-        d.close()
 
 
 @pytest.mark.parametrize("topology", ["routed", "sequential"])
