@@ -1,14 +1,16 @@
-"""The worker's fix of Faust's offset commits: never past an unacknowledged message."""
+"""The worker's fixes of Faust's consumer (``worker.kafka.faustfix``): never commit a
+message that no agent handled."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import defaultdict
 from typing import Any
 
 from intervaltree import IntervalTree
 
-from worker.kafka.app import _strict_commits
+from worker.kafka.faustfix import strict_commits
 
 
 class _Consumer:
@@ -24,7 +26,7 @@ class _Consumer:
 def _new_offset(consumer: _Consumer) -> int | None:
     from faust.transport.consumer import Consumer
 
-    _strict_commits()
+    strict_commits()
     fn: Any = Consumer._new_offset
     return fn(consumer, "tp")  # type: ignore[no-any-return]
 
@@ -48,7 +50,7 @@ def test_a_batch_cancelled_halfway_stays_unacknowledged() -> None:
     cancelled; the extra reference keeps those messages from being committed."""
     import asyncio
 
-    from worker.kafka.app import _acked_when_done
+    from worker.kafka.faustfix import acked_when_done
 
     class Message:
         def __init__(self) -> None:
@@ -74,9 +76,9 @@ def test_a_batch_cancelled_halfway_stays_unacknowledged() -> None:
     async def go() -> tuple[list[int], list[int]]:
         stream = Stream()
         done, stopped = [Event(), Event()], [Event(), Event()]
-        await _acked_when_done(stream, done, handled)
+        await acked_when_done(stream, done, handled)
         with contextlib.suppress(asyncio.CancelledError):
-            await _acked_when_done(stream, stopped, cancelled)
+            await acked_when_done(stream, stopped, cancelled)
         for event in done + stopped:  # what take_events' ``finally`` then does
             await stream.ack(event)
         return [e.message.refcount for e in done], [e.message.refcount for e in stopped]
@@ -84,3 +86,163 @@ def test_a_batch_cancelled_halfway_stays_unacknowledged() -> None:
     done, stopped = asyncio.run(go())
     assert done == [0, 0]  # handled: acknowledged, committable
     assert stopped == [1, 1]  # cancelled: still referenced, never committed
+
+
+# -- the other fixes of worker.kafka.faustfix ---------------------------------------------
+
+
+class _Topics:
+    def acks_enabled_for(self, topic: str) -> bool:
+        return True
+
+
+class _App:
+    topics = _Topics()
+
+
+class _Message:
+    def __init__(self, offset: int, *, tracked: bool) -> None:
+        self.tp, self.topic, self.offset = "tp", "raw", offset
+        self.tracked, self.acked = tracked, False
+
+
+class _Acking:
+    """The state ``Consumer.ack`` reads and writes."""
+
+    app = _App()
+
+    def __init__(self) -> None:
+        self._committed_offset: dict[str, int | None] = {"tp": 10}
+        self._acked: dict[str, list[int]] = defaultdict(list)
+        self._acked_index: dict[str, set[int]] = defaultdict(set)
+        self._unacked_messages: set[Any] = set()
+        self._n_acked = 0
+        self._waiting_for_ack = None
+
+
+def test_a_message_no_stream_took_is_never_acknowledged() -> None:
+    """A stream skips a message fetched before a rebalance and acks it: Faust then
+    committed it though no agent saw it (a lost page in the SIGKILL tests)."""
+    from faust.transport.consumer import Consumer
+
+    from worker.kafka.faustfix import no_skipped_acks
+
+    no_skipped_acks()
+    ack: Any = Consumer.ack
+    consumer = _Acking()
+    assert ack(consumer, _Message(10, tracked=False)) is False
+    assert consumer._acked["tp"] == []
+    assert ack(consumer, _Message(11, tracked=True)) is True
+    assert consumer._acked["tp"] == [11]
+    # and the commit waits for 10, which is read again after the rebalance's seek
+    consumer_state = _Consumer(10, consumer._acked["tp"])
+    assert _new_offset(consumer_state) is None
+
+
+def test_a_gap_is_the_offsets_between_and_may_start_at_the_committed_offset() -> None:
+    from faust.transport.consumer import Consumer
+
+    strict_commits()
+    add_gap: Any = Consumer._add_gap
+    c = _Consumer(10, [12])
+    asyncio.run(add_gap(c, "tp", 10, 12))  # a transaction marker at 10 and 11, record 12
+    assert sorted((i.begin, i.end) for i in c._gap["tp"]) == [(10, 12)]
+    assert _new_offset(c) == 13
+    c = _Consumer(10, [])
+    asyncio.run(add_gap(c, "tp", 5, 8))  # below the committed offset: nothing
+    asyncio.run(add_gap(c, "tp", 11, 11))  # nothing between
+    assert not c._gap["tp"]
+
+
+class _Seeking:
+    """The state the seek fixes read and write."""
+
+    app = _App()
+
+    def __init__(self, committed: dict[Any, int | None], assigned: set[Any]) -> None:
+        self.committed, self.assigned = committed, assigned
+        self._read_offset: dict[Any, int | None] = defaultdict(lambda: None)
+        self._committed_offset: dict[Any, int | None] = defaultdict(lambda: None)
+        self.beginning: list[Any] = []
+        self._thread = self
+
+    async def seek_to_committed(self) -> dict[Any, int | None]:
+        return dict(self.committed)
+
+    async def seek_to_beginning(self, *tps: Any) -> None:
+        self.beginning += tps
+
+    def assignment(self) -> set[Any]:
+        return self.assigned
+
+    def _is_changelog_tp(self, tp: Any) -> bool:
+        return bool(tp.topic.endswith("-changelog"))
+
+
+def test_a_seek_sets_the_last_offset_read_and_rewinds_partitions_never_committed() -> None:
+    from faust.transport.consumer import Consumer
+    from faust.types import TP
+
+    from worker.kafka.faustfix import authoritative_seeks
+
+    authoritative_seeks()
+    raw0, raw1, log = TP("raw", 0), TP("raw", 1), TP("x-changelog", 0)
+    c = _Seeking({raw0: 105, raw1: None, log: None}, {raw0, raw1, log})
+    perform_seek: Any = Consumer.perform_seek
+    asyncio.run(perform_seek(c))
+    assert c._read_offset[raw0] == 104  # the fetch loop's meaning: the last offset read
+    assert c._read_offset[raw1] is None
+    assert [(tp.topic, tp.partition) for tp in c.beginning] == [("raw", 1)]  # not the log
+    assert c._committed_offset[raw0] == 105
+
+
+def test_records_fetched_before_their_partition_was_sought_are_not_delivered() -> None:
+    """The trace of a lost page: the fetch loop went on with a batch fetched before the
+    rebalance's seek, set its read offset past it, and dropped the records fetched again
+    from the committed offset as read already."""
+    from faust.types import TP
+
+    from worker.kafka.faustfix import _deliver_unsought, _seeks
+
+    raw0, raw1 = TP("raw", 0), TP("raw", 1)
+    c = _Seeking({}, set())
+    batch = [(raw0, 105), (raw1, 95), (raw0, 106), (raw1, 96), (raw0, 107)]
+
+    async def fetched() -> Any:
+        for tp, offset in batch:
+            yield tp, offset
+
+    async def drain() -> list[tuple[Any, int]]:
+        got = []
+        async for tp, offset in _deliver_unsought(c, fetched()):
+            got.append((tp, offset))
+            if offset == 105:  # a seek of partition 0 while 105 was being delivered
+                _seeks(c).record({raw0: 104})
+                c._read_offset[raw0] = 104
+            c._read_offset[tp] = offset  # what the fetch loop does after delivering
+        return got
+
+    got = asyncio.run(drain())
+    assert got == [(raw0, 105), (raw1, 95), (raw1, 96)]  # raw0's stale records held back
+    assert c._read_offset[raw0] == 104  # the seek's read offset stands: 105 comes again
+
+
+def test_a_partition_held_back_by_a_message_no_stream_took_is_found() -> None:
+    from intervaltree import IntervalTree
+
+    from worker.kafka.faustfix import stuck_partitions
+
+    class Taken:
+        def __init__(self, tp: str, offset: int) -> None:
+            self.tp, self.offset = tp, offset
+
+    class State:
+        def __init__(self) -> None:
+            self._acked = {"a": [11, 12], "b": [21], "c": [31], "d": [40, 41], "e": [51]}
+            self._committed_offset = {"a": 10, "b": 20, "c": 30, "d": 40, "e": 50}
+            self._gap = {"c": IntervalTree.from_tuples([(30, 31)])}
+            self.unacked = {Taken("b", 20)}
+
+    # a: 10 never taken (stuck); b: 20 in progress; c: 30 is absent from the topic;
+    # d: the run starts at the committed offset; e: 50 never taken (stuck)
+    assert stuck_partitions(State()) == {"a": 10, "e": 50}

@@ -36,7 +36,7 @@ from typing import Any, cast
 import faust
 
 from worker.engine import Stats
-from worker.kafka import wire
+from worker.kafka import faustfix, wire
 from worker.kafka.http import serve
 from worker.kafka.metrics import Metrics
 from worker.kafka.route import ProbeCounts, RoutedStage, index_for, probe_store, records_store
@@ -62,6 +62,9 @@ RELEASE_BATCH = 200
 EVENT_BATCH = 500
 EVENT_WAIT_S = 0.01
 PRODUCER_BATCH_BYTES = 1 << 20
+#: How long a message that no agent took may hold a partition's commits back before the
+#: partition is read again from it (``Worker.unstick``).
+STUCK_S = 30.0
 
 #: Bytes a partition per fetch while the tables are restored from their changelogs.
 RESTORE_FETCH_BYTES = 16 << 20
@@ -79,92 +82,6 @@ CHANGELOG_CONFIGS = {
 }
 
 Send = Callable[[Any, bytes | None, bytes, int | None], Awaitable[Any]]
-
-
-#: How long the broker may hold a fetch for data. Faust hard-codes 1500 ms; the consumer
-#: fetches every partition it owns in one request, and the worker owns internal partitions
-#: that are mostly idle, so a fetch for the busy raw partitions would wait behind them.
-FETCH_MAX_WAIT_MS = 50
-
-
-def _tune_fetch() -> None:
-    """Give Faust's consumer ``FETCH_MAX_WAIT_MS`` (a wrap of the one method that builds
-    it: Faust has no setting for it)."""
-    from faust.transport.drivers import aiokafka as driver
-
-    thread = driver.AIOKafkaConsumerThread
-    build = thread._create_worker_consumer
-    if getattr(build, "neardup_tuned", False):
-        return
-
-    def create(self: Any, transport: Any) -> Any:
-        consumer = build(self, transport)
-        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when the consumer starts
-        return consumer
-
-    create.neardup_tuned = True  # type: ignore[attr-defined]
-    thread._create_worker_consumer = create  # type: ignore[method-assign]
-
-
-def _strict_commits() -> None:
-    """Never commit past a message that was not acknowledged.
-
-    Faust's ``Consumer._new_offset`` commits the run of acknowledged offsets that starts
-    at the smallest one, and only checks that this run starts where the last commit ended
-    if ``min(acked) - committed > 1``: one unacknowledged message right at the committed
-    offset is committed past (faust-streaming issues #312, #606). Around a start or a
-    rebalance, with prefetched messages delivered out of order, that lost a raw page now
-    and then (tests/integration/test_faults.py). This is the same function with the check
-    made exact (``committed`` is the next offset to read, as Kafka's commits are)."""
-    from faust.transport import consumer as faust_consumer
-    from faust.utils.functional import consecutive_numbers
-
-    base = faust_consumer.Consumer
-    if getattr(base._new_offset, "neardup_strict", False):
-        return
-
-    def new_offset(self: Any, tp: Any) -> int | None:
-        acked = self._acked[tp]
-        if not acked:
-            return None
-        gaps = self._gap[tp]
-        if gaps:  # offsets a compacted or transactional topic does not have count as acked
-            top = max(acked)
-            spans = sorted(gaps.overlap(0, top), key=lambda x: x.begin)
-            if spans:
-                filled: list[int] = []
-                for span in spans:
-                    filled.extend(range(span.begin, span.end))
-                acked.extend(filled)
-                gaps.chop(0, max(filled[-1], top + 1))
-        acked.sort()
-        committed = self._committed_offset[tp]
-        if committed is not None and acked[0] > committed:
-            return None  # the message at the committed offset is not acknowledged yet
-        batch = next(consecutive_numbers(acked))
-        acked[: len(batch)] = []
-        self._acked_index[tp].difference_update(batch)
-        return int(batch[-1]) + 1
-
-    new_offset.neardup_strict = True  # type: ignore[attr-defined]
-    base._new_offset = new_offset  # type: ignore[method-assign]
-
-
-async def _acked_when_done(
-    stream: Any, events: list[Any], handle: Callable[[list[Any]], Awaitable[None]]
-) -> None:
-    """Handle a batch from ``take_events`` and acknowledge it only once handled.
-
-    ``Stream.take_events`` acknowledges a batch in a ``finally``: when the agent is
-    cancelled halfway through it (the worker stopping, at a leave or a restart), the
-    messages not yet handled are acknowledged too, their offsets committed, and they are
-    never seen again. Holding one more reference on each message until its outputs went
-    to the producer leaves them unacknowledged in that case, to be read again."""
-    for event in events:
-        event.message.incref()
-    await handle(events)
-    for event in events:
-        await stream.ack(event)
 
 
 def _unframed(event: Any, decode: Callable[[bytes], Any], what: str) -> list[Any] | None:
@@ -212,8 +129,11 @@ class Worker:
         self.cfg = settings.engine_config()
         self.names = TopicNames.of(settings)
         self.routed = settings.topology == "routed"
-        _tune_fetch()
-        _strict_commits()
+        #: Partitions seen stuck (``faustfix.stuck_partitions``): offset, since when.
+        self.stuck: dict[Any, tuple[int, float]] = {}
+        #: Partitions read again from a stuck offset.
+        self.rereads = 0
+        faustfix.install()
         self.app = app = faust.App(
             settings.app_id,
             broker=[f"kafka://{h}" for h in settings.brokers.split(",")],
@@ -270,10 +190,11 @@ class Worker:
 
         async def sequence_agent(stream: Any) -> None:
             async for events in stream.take_events(EVENT_BATCH, within=EVENT_WAIT_S):
-                await _acked_when_done(stream, events, self.on_sequence)
+                await faustfix.acked_when_done(stream, events, self.on_sequence)
 
         async def marks_timer() -> None:
             await self.send_marks()
+            await self.unstick()
 
         async def http_task() -> None:
             await serve(settings.http_host, settings.http_port, self.metrics.render, self.is_ready)
@@ -317,11 +238,11 @@ class Worker:
 
         async def probe_agent(stream: Any) -> None:
             async for events in stream.take_events(EVENT_BATCH, within=EVENT_WAIT_S):
-                await _acked_when_done(stream, events, self.on_probes)
+                await faustfix.acked_when_done(stream, events, self.on_probes)
 
         async def records_agent(stream: Any) -> None:
             async for events in stream.take_events(EVENT_BATCH, within=EVENT_WAIT_S):
-                await _acked_when_done(stream, events, self.on_records)
+                await faustfix.acked_when_done(stream, events, self.on_records)
 
         self.probe_agent = self._agent(self.probes, "neardup.probe", probe_agent)
         self.records_agent = self._agent(self.records, "neardup.records", records_agent)
@@ -466,6 +387,34 @@ class Worker:
         if marks:
             msg = wire.MarksMsg(self.raw_partitions(), tuple(marks))
             await self.send(self.sequence, None, wire.encode(msg), None)
+
+    async def unstick(self) -> None:
+        """Read a partition again from its committed offset when a message that no agent
+        took has held its commits back for ``STUCK_S`` (``faustfix.stuck_partitions``:
+        the fixes there should leave none; this is the net under them). What is read
+        twice is answered twice, identically."""
+        consumer: Any = self.app.consumer
+        if self.app.rebalancing:
+            self.stuck = {}
+            return
+        now = time.monotonic()
+        seen, self.stuck = self.stuck, {}
+        for tp, offset in faustfix.stuck_partitions(consumer).items():
+            first = seen.get(tp)
+            since = first[1] if first is not None and first[0] == offset else now
+            if now - since < STUCK_S:
+                self.stuck[tp] = (offset, since)
+                continue
+            log.warning(
+                "partition %s[%d]: the message at offset %d was dropped before any agent "
+                "took it, and holds the commits back: reading the partition again from it",
+                tp.topic,
+                tp.partition,
+                offset,
+            )
+            self.rereads += 1
+            self.stuck[tp] = (offset, now)  # not again before STUCK_S more
+            await consumer.seek(tp, offset)
 
     # -- plumbing --------------------------------------------------------------------
 

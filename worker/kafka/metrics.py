@@ -68,6 +68,11 @@ class _StageCollector:
             ("neardup_merges", "Cluster merges published", c.merges),
             ("neardup_redone", "Pages whose writes were completed from the journal", c.redone),
             ("neardup_late_pages", "Pages released out of order (late)", seq.late),
+            (
+                "neardup_partition_rereads",
+                "Partitions read again from a message no agent took",
+                w.rereads,
+            ),
         ):
             counter = CounterMetricFamily(name, doc)
             counter.add_metric([], value)
