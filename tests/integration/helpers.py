@@ -536,7 +536,16 @@ def check_against(ref: Reference, d: Deployment) -> None:
     assert not conflicting, f"conflicting decisions: {conflicting}"
     got = {stable(ds[0]) for ds in by_page.values()}
     want = {stable(x) for x in ref.decisions}
-    assert got == want, f"{len(got - want)} decisions differ, {len(want - got)} missing"
+    if got != want:
+        wanted = {json.loads(dict(x)["page_id"]): x for x in want}
+        lines = []
+        for x in sorted(got - want)[:5]:
+            pid = json.loads(dict(x)["page_id"])
+            lines.append(f"  got  {dict(x)}\n  want {dict(wanted.get(pid, ()))}")
+        detail = "\n".join(lines)
+        raise AssertionError(
+            f"{len(got - want)} decisions differ, {len(want - got)} missing:\n{detail}"
+        )
     assert fold([ds[0] for ds in by_page.values()], d.merges()) == ref.clusters
 
     # at least once, like decisions: a dead letter may come again after a rebalance, as an

@@ -54,17 +54,6 @@ def _seed() -> int:
     return seed
 
 
-#: A loss seen in 2 of 3 runs of the SIGKILL test (seed 998667044, then passed with it;
-#: 821355121): raw messages whose offsets were committed never reached the sequencer.
-#: Suspected: Faust drops a message fetched while the flow is suspended (a rebalance or
-#: recovery) and then commits past it. Not fixed: see the README's Faults section.
-KNOWN_LOSS = pytest.mark.xfail(
-    reason="intermittent: a committed raw message may never reach the sequencer",
-    strict=False,
-)
-
-
-@KNOWN_LOSS
 def test_ten_sigkills_at_random_points(deploy: Any, tmp_path: Path) -> None:
     rng = random.Random(_seed())
     values = stream(range(1, 11))
@@ -128,10 +117,6 @@ def test_broker_stopped_and_restarted_while_the_worker_runs(
     print(f"broker restart: {pages} pages in, {out} decisions + rejects out")
 
 
-# Both variants hit KNOWN_LOSS: [stop] lost 1 page of 224 in 1 of 3 runs; [kill] decided
-# 3 pages in another order than the reference (the clusters right, the match each named
-# not) in 1 of 1 run: a page held back the same way and then released late.
-@KNOWN_LOSS
 @pytest.mark.parametrize("leave", ["stop", "kill"])
 def test_a_second_worker_joins_then_leaves_under_load(
     deploy: Any, tmp_path: Path, leave: str
@@ -170,12 +155,20 @@ def test_a_second_worker_joins_then_leaves_under_load(
         crawler.join(timeout=60)
         stop.set()
     d.wait(lambda: all_out(ref, d), DEADLINE, "every page decided after the leave")
-    check_against(ref, d)
-    pages, out = accounted(values, ref, d)
+    pages, out = accounted(values, ref, d)  # nothing lost, nothing decided twice
     print(f"join, then {leave}: {pages} pages in, {out} decisions + rejects out ({at} at leave)")
+    try:
+        check_against(ref, d)
+    except AssertionError as exc:
+        if leave == "stop" or str(exc).startswith("conflicting"):
+            raise
+        # Known (README, Faults): after a worker dies, a page of its partitions may be
+        # decided after pages that come later in the order. The sequencer took the
+        # partition for drained on the dead worker's last mark, and released the other
+        # partitions' pages meanwhile. Order, not loss: every page was accounted above.
+        pytest.xfail(f"a page of the dead worker's partitions was released late: {exc}")
 
 
-@KNOWN_LOSS  # 1 page of 173 lost in 1 of 3 runs
 def test_a_deleted_state_directory_is_rebuilt_from_the_changelog(
     deploy: Any, tmp_path: Path
 ) -> None:

@@ -45,11 +45,6 @@ def test_decisions_and_clusters_equal_neardup_dedup(
     _check_against(ref, d)
 
 
-# Not strict, like the fault tests' KNOWN_LOSS: now and then a page is never decided
-# after the restart (README, Faults: the cause left under SIGKILL is not found).
-@pytest.mark.xfail(
-    reason="intermittent: a page may never be decided after a SIGKILL restart", strict=False
-)
 @pytest.mark.parametrize("topology", ["routed", "sequential"])
 def test_sigkill_mid_stream_then_restart_loses_nothing_and_decides_nothing_twice(
     deploy: Any, tmp_path: Path, topology: str
