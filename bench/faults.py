@@ -2,7 +2,7 @@
 asserts nothing (the integration tests in tests/integration/test_faults.py do).
 
     .venv/bin/python bench/faults.py [--pages 600] [--kills 10] [--seed N]
-        [--rebuild-pages 100000] [--load-minutes 5] [--quota-kib 256]
+        [--rebuild-pages 100000] [--load-minutes 5] [--load-pages N] [--quota-kib 256]
 
 It starts scripts/kafka-local.sh on free loopback ports (it stops and starts that broker)
 and measures, in one run:
@@ -16,8 +16,9 @@ and measures, in one run:
   under new ids, as ``bench/worker.py``'s recovery does), stops, loses its state
   directory and starts again: the time to rebuild from the changelog topics, then pages
   in and out with the rest of the stream;
-* slow downstream: the whole dev set waiting in the raw topic while the broker throttles
-  every producer to ``--quota-kib`` KiB/s (a client quota, ``producer_byte_rate``), for
+* slow downstream: the whole dev set (or ``--load-pages`` of its copies, enough to keep the
+  worker busy for the whole run) waiting in the raw topic while the broker throttles every
+  producer to ``--quota-kib`` KiB/s (a client quota, ``producer_byte_rate``), for
   ``--load-minutes``: the worker process tree's resident memory, sampled every second.
 
 Each scenario also checks its decisions and clusters against ``neardup dedup`` on the same
@@ -234,6 +235,10 @@ def slow_downstream(
         f"{max(minute):.0f} MiB, after it {max(later) if later else float('nan'):.0f} MiB; "
         f"last {mib[-1]:.0f} MiB"
     )
+    windows: dict[int, float] = {}
+    for (t, _), r in zip(samples, mib, strict=True):
+        windows[int(t // 600)] = max(windows.get(int(t // 600), 0.0), r)
+    print("  peak RSS by 10 minutes (MiB): " + ", ".join(f"{r:.0f}" for r in windows.values()))
 
 
 def main() -> None:
@@ -244,6 +249,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--rebuild-pages", type=int, default=100_000)
     ap.add_argument("--load-minutes", type=float, default=5.0)
+    ap.add_argument("--load-pages", type=int, default=0, help="default: the dev set once")
     ap.add_argument("--quota-kib", type=int, default=256)
     ap.add_argument(
         "--only",
@@ -266,7 +272,11 @@ def main() -> None:
             "broker": lambda: broker_restart(broker, tmp / "b", subset),
             "rebuild": lambda: rebuild(broker, tmp / "r", lines, args.rebuild_pages),
             "slow": lambda: slow_downstream(
-                broker, tmp / "s", lines, args.load_minutes, args.quota_kib
+                broker,
+                tmp / "s",
+                list(copies(lines, 0, args.load_pages)) if args.load_pages else lines,
+                args.load_minutes,
+                args.quota_kib,
             ),
         }
         for name in args.only:
