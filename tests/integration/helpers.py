@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.corpus import line
 from tests.gold import gold_stream
 from worker.cli import main as neardup
@@ -559,6 +561,21 @@ def check_against(ref: Reference, d: Deployment) -> None:
 def all_out(ref: Reference, d: Deployment) -> bool:
     pages = {x["page_id"] for x in ref.decisions}
     return d.decided() >= pages and len(d.rejects()) >= len(ref.rejects)
+
+
+def check_after_fault(values: list[bytes], ref: Reference, d: Deployment) -> tuple[int, int]:
+    """After a fault: nothing lost and nothing decided twice, strictly (``accounted``, and
+    no conflicting copies); the same decisions as ``neardup dedup`` only as an expected
+    failure. A fault can make a page *late*: released after pages that come later in the
+    order, so that the page its decision names as the match differs (README, Faults)."""
+    pages, out = accounted(values, ref, d)
+    try:
+        check_against(ref, d)
+    except AssertionError as exc:
+        if str(exc).startswith("conflicting"):
+            raise
+        pytest.xfail(f"decided in another order after the fault (a late page): {exc}")
+    return pages, out
 
 
 def accounted(values: list[bytes], ref: Reference, d: Deployment) -> tuple[int, int]:

@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 
 from tests.integration.helpers import all_out as _all_out
-from tests.integration.helpers import check_against as _check_against
 from tests.integration.helpers import (
+    check_after_fault,
     reference,
     stream,
     wait_for,
 )
+from tests.integration.helpers import check_against as _check_against
 from worker.contract import validate
 
 pytestmark = pytest.mark.integration
@@ -65,7 +66,7 @@ def test_sigkill_mid_stream_then_restart_loses_nothing_and_decides_nothing_twice
     d.produce(values[half:])
     again = d.worker(0).start()  # the same state directory, left behind by a killed worker
     d.wait(lambda: _all_out(ref, d), DEADLINE, "every page decided after the restart")
-    _check_against(ref, d)
+    check_after_fault(values, ref, d)
     assert "did not stop cleanly" in again.log.read_text(errors="replace")
 
 

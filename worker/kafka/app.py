@@ -64,7 +64,7 @@ EVENT_WAIT_S = 0.01
 PRODUCER_BATCH_BYTES = 1 << 20
 #: How long a message that no agent took may hold a partition's commits back before the
 #: partition is read again from it (``Worker.unstick``).
-STUCK_S = 30.0
+STUCK_S = 10.0
 
 #: Bytes a partition per fetch while the tables are restored from their changelogs.
 RESTORE_FETCH_BYTES = 16 << 20
@@ -133,6 +133,8 @@ class Worker:
         self.stuck: dict[Any, tuple[int, float]] = {}
         #: Partitions read again from a stuck offset.
         self.rereads = 0
+        #: Those sought on the last tick, and to what offset.
+        self.sought: dict[Any, int] = {}
         faustfix.install()
         self.app = app = faust.App(
             settings.app_id,
@@ -395,11 +397,18 @@ class Worker:
         twice is answered twice, identically."""
         consumer: Any = self.app.consumer
         if self.app.rebalancing:
-            self.stuck = {}
+            self.stuck, self.sought = {}, {}
             return
+        # a fetch batch from before the seek may have moved the read offset past it
+        # again: the copies fetched after it would be dropped as read already
+        for tp, offset in self.sought.items():
+            read = consumer._read_offset.get(tp)
+            if read is not None and read > offset:
+                consumer._read_offset[tp] = offset
+        self.sought = {}
         now = time.monotonic()
         seen, self.stuck = self.stuck, {}
-        for tp, offset in faustfix.stuck_partitions(consumer).items():
+        for tp, offset in faustfix.stuck_partitions(consumer, self._idle).items():
             first = seen.get(tp)
             since = first[1] if first is not None and first[0] == offset else now
             if now - since < STUCK_S:
@@ -415,6 +424,13 @@ class Worker:
             self.rereads += 1
             self.stuck[tp] = (offset, now)  # not again before STUCK_S more
             await consumer.seek(tp, offset)
+            self.sought[tp] = offset
+
+    def _idle(self, topic: str) -> bool:
+        """Whether no stream has messages of ``topic`` waiting to be taken."""
+        conductor: Any = self.app.topics
+        channels = conductor._topic_name_index.get(topic, ())
+        return all(channel.queue.empty() for channel in list(channels))
 
     # -- plumbing --------------------------------------------------------------------
 

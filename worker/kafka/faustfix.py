@@ -10,23 +10,21 @@ all, once. They were found by tracing offsets through Faust under the fault test
 * ``no_skipped_acks``: a stream skips a message fetched while the flow was stopped or for
   an older generation (a rebalance; faust-streaming #221, #223), and *acknowledges* it, so
   that it was committed although no agent ever saw it.
-* ``authoritative_seeks``: at the end of a rebalance Faust seeks to the committed offsets,
-  but its fetch loop went on delivering records fetched before the seek and set its read
-  offsets past it, so the records fetched again from the committed offset were dropped as
-  read already. Now records fetched before a seek of their partition are not delivered,
-  and a seek's read offsets stand.
-
-With them, a message that is skipped is read again after the rebalance that skipped it;
-should some other path ever drop one, ``stuck_partitions`` finds the partition whose
-commits it holds back, and the worker reads it again from there (``Worker.unstick``).
+With them, a message a stream skipped is never committed; it holds its partition's
+commits back until it is read again. Faust seeks to the committed offsets at the end of
+a rebalance, but its fetch loop may go on with records fetched before that seek and
+move its read offset past it, so that the copy fetched again is dropped as read already.
+``stuck_partitions`` finds such a partition (the message at the committed offset read,
+and no agent holding it), and the worker reads it again from there (``Worker.unstick``).
+(A first attempt made the seeks authoritative inside Faust's fetch loop; it raced with
+the consumer thread and stalled partitions, and was taken out.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 log = logging.getLogger("worker.kafka")
@@ -41,7 +39,6 @@ def install() -> None:
     tune_fetch()
     strict_commits()
     no_skipped_acks()
-    authoritative_seeks()
 
 
 def _once(cls: Any, name: str, fn: Any) -> None:
@@ -143,132 +140,41 @@ def no_skipped_acks() -> None:
     _once(base, "ack", ack_taken)
 
 
-@dataclass
-class _Seeks:
-    """The seeks of one consumer: how many, and each partition's latest."""
+def stuck_partitions(consumer: Any, idle: Callable[[str], bool]) -> dict[Any, int]:
+    """Partitions whose commits are held back by a message that no agent holds: the
+    message at the committed offset exists and was read by the fetch loop (or messages
+    after it were acknowledged), yet it is not acknowledged, not in progress, and
+    ``idle(topic)`` says no stream has messages of the topic waiting. Returns each one's
+    committed offset. (Right after a seek, the read offset is the committed offset before
+    anything was read: a partition found so only until its next fetch, and read again
+    for nothing at worst.)
 
-    count: int = 0
-    #: partition -> (the seek's number, the read offset it set)
-    last: dict[Any, tuple[int, int | None]] = field(default_factory=dict)
-
-    def record(self, reads: Mapping[Any, int | None]) -> None:
-        self.count += 1
-        for tp, read in reads.items():
-            self.last[tp] = (self.count, read)
-
-    def since(self, count: int, tp: Any) -> bool:
-        """Whether ``tp`` was sought after seek number ``count``."""
-        seek = self.last.get(tp)
-        return seek is not None and seek[0] > count
-
-
-def _seeks(consumer: Any) -> _Seeks:
-    seeks = consumer.__dict__.get("_neardup_seeks")
-    if seeks is None:
-        seeks = consumer.__dict__["_neardup_seeks"] = _Seeks()
-    return seeks  # type: ignore[no-any-return]
-
-
-def _read_offset(next_offset: int | None) -> int | None:
-    """The read offset (the last offset read, as the fetch loop keeps it) before
-    ``next_offset``."""
-    return next_offset - 1 if next_offset is not None and next_offset > 0 else None
-
-
-def authoritative_seeks() -> None:
-    """Seeks reset what the fetch loop has read, and nothing fetched before them passes.
-
-    * ``perform_seek`` (the end of every rebalance) seeks every partition the streams
-      read, those without a committed offset to their beginning (the worker's
-      ``auto_offset_reset``), and sets read offsets as the fetch loop keeps them: the last
-      offset read, one below the committed offset. (Faust set the committed offset itself,
-      so an offset missing from the topic right there was never counted as a gap.)
-    * ``getmany`` does not deliver a record of a partition sought after the record was
-      fetched, and undoes the read offset the fetch loop set, after such a seek, for the
-      record it was delivering."""
-    from aiokafka import TopicPartition  # type: ignore[import-untyped]
-    from faust.transport import consumer as faust_consumer
-    from faust.types import TP
-
-    base = faust_consumer.Consumer
-
-    async def perform_seek(self: Any) -> None:
-        committed = await self.seek_to_committed()
-        streamed = {
-            tp
-            for tp in self.assignment()
-            if self.app.topics.acks_enabled_for(tp.topic) and not self._is_changelog_tp(tp)
-        }
-        fresh = [TopicPartition(tp.topic, tp.partition) for tp in streamed if not committed.get(tp)]
-        if fresh:
-            await self._thread.seek_to_beginning(*fresh)
-        reads = {TP(tp.topic, tp.partition): _read_offset(committed.get(tp)) for tp in streamed}
-        self._read_offset.update(reads)
-        _seeks(self).record(reads)
-        self._committed_offset.update(
-            {
-                TP(tp.topic, tp.partition): offset if offset else None
-                for tp, offset in committed.items()
-                if offset is not None
-            }
-        )
-
-    async def seek(self: Any, partition: Any, offset: int) -> None:
-        await self._seek(partition, offset)
-        reads = {TP(partition.topic, partition.partition): _read_offset(offset)}
-        self._read_offset.update(reads)
-        _seeks(self).record(reads)
-
-    getmany = base.getmany
-
-    def fetched_since_seek(self: Any, timeout: float) -> AsyncIterator[tuple[Any, Any]]:
-        return _deliver_unsought(self, getmany(self, timeout))
-
-    _once(base, "perform_seek", perform_seek)
-    _once(base, "seek", seek)
-    _once(base, "getmany", fetched_since_seek)
-
-
-async def _deliver_unsought(
-    consumer: Any, batch: AsyncIterator[tuple[Any, Any]]
-) -> AsyncIterator[tuple[Any, Any]]:
-    seeks = _seeks(consumer)
-    count = -1
-    try:
-        async for tp, message in batch:
-            if count < 0:
-                # the batch was fetched after this seek (a fetch returns nothing fetched
-                # from before a seek), and no other task ran since
-                count = seeks.count
-            elif seeks.since(count, tp):
-                continue  # fetched before its partition was sought: it comes again
-            yield tp, message
-            if seeks.since(count, tp):
-                # the fetch loop set the read offset to this record's after the seek
-                consumer._read_offset[tp] = seeks.last[tp][1]
-    finally:
-        aclose = getattr(batch, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-
-def stuck_partitions(consumer: Any) -> dict[Any, int]:
-    """Partitions whose commits are held back by a message that no stream holds: the
-    message at the committed offset was never taken (acknowledged messages lie beyond
-    it, and none of the messages in progress is it). Returns each one's committed offset.
-
-    A stream takes a partition's messages in offset order, so a message not yet taken
-    has no acknowledged message after it, except one that was dropped on the way."""
+    A stream takes a partition's messages in offset order, so such a message was dropped
+    on the way: skipped around a rebalance, and its copy fetched again dropped as read."""
     taken = {(m.tp, m.offset) for m in list(consumer.unacked)}
     stuck = {}
-    for tp, acked in list(consumer._acked.items()):
+    for tp in list(consumer.assignment()):
         committed = consumer._committed_offset.get(tp)
-        if not acked or committed is None or min(acked) <= committed:
+        if committed is None or (tp, committed) in taken:
             continue
+        if committed in consumer._acked_index.get(tp, ()):
+            continue  # handled; the commit is on its way
         gaps = consumer._gap.get(tp)
         if gaps is not None and gaps.overlaps(committed):
             continue
-        if (tp, committed) not in taken:
+        acked = consumer._acked.get(tp)
+        read = consumer._read_offset.get(tp)
+        try:
+            end = consumer.highwater(tp)
+        except Exception:  # (aiokafka asserts the partition is still assigned)
+            end = None
+        if (acked and min(acked) > committed) or (
+            read is not None
+            and read >= committed
+            and end is not None
+            and end > committed
+            and idle(tp.topic)
+        ):
             stuck[tp] = int(committed)
     return stuck
 
