@@ -190,5 +190,10 @@ def test_a_partition_held_back_by_a_message_no_stream_took_is_found() -> None:
     # from the topic; d: the run starts at the committed offset; e: 50 never taken
     # (stuck); f: 60 read past, nothing in progress and no stream waits (stuck); g: read
     # up to its end, nothing there (idle, not stuck); h: 80 read and queued for a stream
-    found = stuck_partitions(State(), lambda topic: topic != "h")
+    state = State()
+    found = stuck_partitions(state, lambda topic: topic != "h")
     assert found == {a: 10, e: 50, f: 60}
+    # a commit in progress took a's offsets out of the acknowledged ones and has not yet
+    # recorded the new committed offset (the producer's flush is slow): not stuck
+    state._neardup_committing = {a: 13}  # type: ignore[attr-defined]
+    assert stuck_partitions(state, lambda topic: topic != "h") == {e: 50, f: 60}

@@ -39,6 +39,7 @@ def install() -> None:
     tune_fetch()
     strict_commits()
     no_skipped_acks()
+    committing_seen()
 
 
 def _once(cls: Any, name: str, fn: Any) -> None:
@@ -140,6 +141,27 @@ def no_skipped_acks() -> None:
     _once(base, "ack", ack_taken)
 
 
+def committing_seen() -> None:
+    """Keep the offsets being committed visible while the commit runs
+    (``consumer._neardup_committing``). Faust takes them out of its acknowledged offsets
+    when the commit starts and records the new committed offset when it ends, after the
+    producer's flush, which takes seconds when the downstream is slow: in between, the
+    partition would look held back to ``stuck_partitions``."""
+    from faust.transport import consumer as faust_consumer
+
+    base = faust_consumer.Consumer
+    commit_offsets = base._commit_offsets
+
+    async def commit_seen(self: Any, offsets: Any, start_new_transaction: bool = True) -> bool:
+        self.__dict__["_neardup_committing"] = dict(offsets)
+        try:
+            return bool(await commit_offsets(self, offsets, start_new_transaction))
+        finally:
+            self.__dict__["_neardup_committing"] = {}
+
+    _once(base, "_commit_offsets", commit_seen)
+
+
 def stuck_partitions(consumer: Any, idle: Callable[[str], bool]) -> dict[Any, int]:
     """Partitions whose commits are held back by a message that no agent holds: the
     message at the committed offset exists and was read by the fetch loop (or messages
@@ -152,10 +174,11 @@ def stuck_partitions(consumer: Any, idle: Callable[[str], bool]) -> dict[Any, in
     A stream takes a partition's messages in offset order, so such a message was dropped
     on the way: skipped around a rebalance, and its copy fetched again dropped as read."""
     taken = {(m.tp, m.offset) for m in list(consumer.unacked)}
+    committing = getattr(consumer, "_neardup_committing", None) or {}
     stuck = {}
     for tp in list(consumer.assignment()):
         committed = consumer._committed_offset.get(tp)
-        if committed is None or (tp, committed) in taken:
+        if committed is None or (tp, committed) in taken or tp in committing:
             continue
         if committed in consumer._acked_index.get(tp, ()):
             continue  # handled; the commit is on its way
