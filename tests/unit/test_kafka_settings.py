@@ -165,3 +165,49 @@ def test_errors_about_settings_do_not_show_the_password(monkeypatch: pytest.Monk
     for text in (describe(settings), repr(settings), str(settings), settings.model_dump_json()):
         assert "s3cret-pw-in-env" not in text
     assert "as user 'neardup'" in describe(settings)
+
+
+def test_topics_created_a_moment_ago_are_awaited_not_taken_for_the_wrong_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seen in CI under load: right after create_topics the broker described the new
+    topics with an error and no partitions, and the worker refused to start, saying
+    they had the wrong number of partitions (None, not 1)."""
+    import asyncio
+
+    import aiokafka.admin  # type: ignore[import-untyped]
+
+    from worker.kafka.topics import ensure_topics
+    from worker.settings import Settings
+
+    settings = Settings(partitions=2)
+    names = TopicNames.of(settings)
+    wanted = names.fixed(settings)
+
+    class Admin:
+        described = 0
+
+        def __init__(self, **kwargs: object) -> None:
+            pass
+
+        async def start(self) -> None:
+            pass
+
+        async def close(self) -> None:
+            pass
+
+        async def list_topics(self) -> list[str]:
+            return []
+
+        async def create_topics(self, topics: list[object]) -> None:
+            pass
+
+        async def describe_topics(self, topics: list[str]) -> list[dict[str, object]]:
+            Admin.described += 1
+            if Admin.described < 3:  # not yet known to the broker's metadata
+                return [{"topic": t, "error_code": 3, "partitions": []} for t in topics]
+            return [{"topic": t, "error_code": 0, "partitions": [0] * wanted[t]} for t in topics]
+
+    monkeypatch.setattr(aiokafka.admin, "AIOKafkaAdminClient", Admin)
+    created = asyncio.run(ensure_topics(settings, timeout_s=5))
+    assert set(created) == set(names.partitions(settings)) and Admin.described == 3

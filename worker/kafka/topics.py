@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +124,12 @@ async def ensure_topics(settings: Settings, timeout_s: float = 60.0) -> list[str
                 await admin.create_topics(missing)
             log.info("created topics %s", ", ".join(t.name for t in missing))
         have = await _partition_counts(admin, list(fixed))
+        # a topic created a moment ago may not be described yet (an error code, no
+        # partitions): wait for it rather than take it for the wrong size
+        deadline = time.monotonic() + timeout_s
+        while any(t not in have for t in fixed) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            have = await _partition_counts(admin, list(fixed))
         wrong = {t: (have.get(t), n) for t, n in fixed.items() if have.get(t) != n}
         if wrong:
             raise SystemExit(
@@ -138,7 +145,11 @@ async def ensure_topics(settings: Settings, timeout_s: float = 60.0) -> list[str
 
 async def _partition_counts(admin: Any, topics: list[str]) -> dict[str, int]:
     described = await admin.describe_topics(topics)
-    return {d["topic"]: len(d["partitions"]) for d in described if not d.get("error_code")}
+    return {
+        d["topic"]: len(d["partitions"])
+        for d in described
+        if not d.get("error_code") and d.get("partitions")
+    }
 
 
 def ensure_topics_sync(settings: Settings) -> list[str]:
