@@ -211,3 +211,23 @@ def test_topics_created_a_moment_ago_are_awaited_not_taken_for_the_wrong_size(
     monkeypatch.setattr(aiokafka.admin, "AIOKafkaAdminClient", Admin)
     created = asyncio.run(ensure_topics(settings, timeout_s=5))
     assert set(created) == set(names.partitions(settings)) and Admin.described == 3
+
+
+def test_a_fatal_state_error_ends_the_worker_even_if_the_shutdown_hangs() -> None:
+    """Seen in CI: after a full disk, Faust's shutdown hung in the consumer's stop, and the
+    worker neither exited nor said why. ``exit_later`` exits 1, with the error, anyway."""
+    import subprocess
+    import sys
+
+    hung = (
+        "import logging, time\n"
+        "from worker.kafka.tablekv import exit_later\n"
+        "logging.basicConfig()\n"
+        "exit_later(RuntimeError('fatal: cannot write the state'), 0.3)\n"
+        "time.sleep(30)\n"  # a shutdown that never ends
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", hung], capture_output=True, text=True, timeout=20, check=False
+    )
+    assert done.returncode == 1
+    assert "fatal: cannot write the state (the shutdown hung for 0 s; exiting)" in done.stderr

@@ -18,6 +18,9 @@ and ``Changelog`` keeps the persisted offset Faust recovers from. With the memor
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -28,6 +31,30 @@ from worker.store import KV
 #: Bytes of one Kafka batch of changelog records (a larger single record still goes).
 _BATCH_BYTES = 1 << 20
 _NO_COMPRESSION = 0
+
+
+log = logging.getLogger("worker.kafka")
+
+#: How long the worker may take to shut down after a fatal state error before it exits
+#: anyway. Faust's shutdown after the crash was seen to hang in the consumer's stop (CI,
+#: the full-disk test, 1 run in 5); the worker must still end, and say why.
+FATAL_GRACE_S = 30.0
+
+
+def exit_later(error: BaseException, grace_s: float = FATAL_GRACE_S) -> threading.Timer:
+    """Exit with status 1, saying ``error``, unless the process has ended ``grace_s``
+    from now (a daemon timer: a shutdown that completes is not waited for)."""
+
+    def end() -> None:
+        log.critical("%s (the shutdown hung for %.0f s; exiting)", error, grace_s)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(1)
+
+    timer = threading.Timer(grace_s, end)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 class StateWriteError(RuntimeError):
@@ -185,6 +212,7 @@ class TableKV:
                 "pages not yet decided are read again and their state restored from the "
                 "changelog"
             )
+            exit_later(self.changelog.error)
             raise self.changelog.error from exc
         self.changelog.add(self.table, partition, records)
         return True
