@@ -221,7 +221,7 @@ def test_a_fatal_state_error_ends_the_worker_even_if_the_shutdown_hangs() -> Non
 
     hung = (
         "import logging, time\n"
-        "from worker.kafka.tablekv import exit_later\n"
+        "from worker.kafka.__main__ import exit_later\n"
         "logging.basicConfig()\n"
         "exit_later(RuntimeError('fatal: cannot write the state'), 0.3)\n"
         "time.sleep(30)\n"  # a shutdown that never ends

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from worker.kafka.security import connection_problem, describe, install_log_redaction
@@ -97,6 +98,28 @@ def create_topics(settings: Settings) -> None:
         ) from None
 
 
+#: How long the worker may take to shut down after a fatal state error before it exits
+#: anyway. Faust's shutdown after the crash was seen to hang in the consumer's stop (CI,
+#: the full-disk test, 1 run in 5); the worker must still end, and say why.
+FATAL_GRACE_S = 30.0
+
+
+def exit_later(error: BaseException, grace_s: float = FATAL_GRACE_S) -> threading.Timer:
+    """Exit with status 1, saying ``error``, unless the process has ended ``grace_s``
+    from now (a daemon timer: a shutdown that completes is not waited for)."""
+
+    def end() -> None:
+        log.critical("%s (the shutdown hung for %.0f s; exiting)", error, grace_s)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(1)
+
+    timer = threading.Timer(grace_s, end)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # A file size limit (RLIMIT_FSIZE) would kill the worker with SIGXFSZ at the first
@@ -112,6 +135,15 @@ def main(argv: list[str] | None = None) -> int:
 
     worker = Worker(settings)
     if argv[:1] == ["worker"]:
+        from worker.kafka import tablekv
+
+        armed: list[threading.Timer] = []
+
+        def on_fatal(error: BaseException) -> None:
+            if not armed:  # once: each failing write raises it again
+                armed.append(exit_later(error))
+
+        tablekv.on_fatal = on_fatal
         create_topics(settings)
         prepare_state(settings.state_dir, str(worker.app.conf.tabledir))
         if not {"--with-web", "--without-web"} & set(argv):

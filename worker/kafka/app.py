@@ -27,6 +27,7 @@ answered with exactly what was published for it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -392,23 +393,19 @@ class Worker:
 
     async def unstick(self) -> None:
         """Read a partition again from its committed offset when a message that no agent
-        took has held its commits back for ``STUCK_S`` (``faustfix.stuck_partitions``:
-        the fixes there should leave none; this is the net under them). What is read
-        twice is answered twice, identically."""
+        took has held its commits back for ``STUCK_S`` (``faustfix.stuck_partitions``).
+        This is how a message Faust skipped around a rebalance, and never acknowledged,
+        comes back. What is read twice is answered twice, identically."""
         consumer: Any = self.app.consumer
         if self.app.rebalancing:
             self.stuck, self.sought = {}, {}
             return
-        # a fetch batch from before the seek may have moved the read offset past it
-        # again: the copies fetched after it would be dropped as read already
-        for tp, offset in self.sought.items():
-            read = consumer._read_offset.get(tp)
-            if read is not None and read > offset:
-                consumer._read_offset[tp] = offset
+        faustfix.read_from(consumer, self.sought)  # the seeks of the last tick
         self.sought = {}
         now = time.monotonic()
         seen, self.stuck = self.stuck, {}
-        for tp, offset in faustfix.stuck_partitions(consumer, self._idle).items():
+        idle = functools.partial(faustfix.topic_idle, self.app)
+        for tp, offset in faustfix.stuck_partitions(consumer, idle).items():
             first = seen.get(tp)
             since = first[1] if first is not None and first[0] == offset else now
             if now - since < STUCK_S:
@@ -425,12 +422,6 @@ class Worker:
             self.stuck[tp] = (offset, now)  # not again before STUCK_S more
             await consumer.seek(tp, offset)
             self.sought[tp] = offset
-
-    def _idle(self, topic: str) -> bool:
-        """Whether no stream has messages of ``topic`` waiting to be taken."""
-        conductor: Any = self.app.topics
-        channels = conductor._topic_name_index.get(topic, ())
-        return all(channel.queue.empty() for channel in list(channels))
 
     # -- plumbing --------------------------------------------------------------------
 

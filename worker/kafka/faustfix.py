@@ -202,6 +202,23 @@ def stuck_partitions(consumer: Any, idle: Callable[[str], bool]) -> dict[Any, in
     return stuck
 
 
+def topic_idle(app: Any, topic: str) -> bool:
+    """Whether no stream of ``app`` has messages of ``topic`` waiting to be taken."""
+    conductor: Any = app.topics
+    channels = conductor._topic_name_index.get(topic, ())
+    return all(channel.queue.empty() for channel in list(channels))
+
+
+def read_from(consumer: Any, sought: dict[Any, int]) -> None:
+    """After a seek of each partition in ``sought`` to its offset: a fetch batch from
+    before the seek may have moved the fetch loop's read offset past it again, and the
+    copies fetched after it would be dropped as read already. Put it back."""
+    for tp, offset in sought.items():
+        read = consumer._read_offset.get(tp)
+        if read is not None and read > offset:
+            consumer._read_offset[tp] = offset
+
+
 async def acked_when_done(
     stream: Any, events: list[Any], handle: Callable[[list[Any]], Awaitable[None]]
 ) -> None:

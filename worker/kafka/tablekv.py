@@ -18,11 +18,8 @@ and ``Changelog`` keeps the persisted offset Faust recovers from. With the memor
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
-import threading
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol, cast
 
@@ -33,28 +30,9 @@ _BATCH_BYTES = 1 << 20
 _NO_COMPRESSION = 0
 
 
-log = logging.getLogger("worker.kafka")
-
-#: How long the worker may take to shut down after a fatal state error before it exits
-#: anyway. Faust's shutdown after the crash was seen to hang in the consumer's stop (CI,
-#: the full-disk test, 1 run in 5); the worker must still end, and say why.
-FATAL_GRACE_S = 30.0
-
-
-def exit_later(error: BaseException, grace_s: float = FATAL_GRACE_S) -> threading.Timer:
-    """Exit with status 1, saying ``error``, unless the process has ended ``grace_s``
-    from now (a daemon timer: a shutdown that completes is not waited for)."""
-
-    def end() -> None:
-        log.critical("%s (the shutdown hung for %.0f s; exiting)", error, grace_s)
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os._exit(1)
-
-    timer = threading.Timer(grace_s, end)
-    timer.daemon = True
-    timer.start()
-    return timer
+#: Called with a fatal state error as it is raised. The worker process sets it (to exit
+#: even if the shutdown that follows hangs: ``worker.kafka.__main__``); nothing else does.
+on_fatal: Callable[[BaseException], object] | None = None
 
 
 class StateWriteError(RuntimeError):
@@ -212,7 +190,8 @@ class TableKV:
                 "pages not yet decided are read again and their state restored from the "
                 "changelog"
             )
-            exit_later(self.changelog.error)
+            if on_fatal is not None:
+                on_fatal(self.changelog.error)
             raise self.changelog.error from exc
         self.changelog.add(self.table, partition, records)
         return True
