@@ -69,6 +69,11 @@ class Settings(BaseSettings):
     commit_interval_ms: int = Field(default=1000, ge=50, le=60_000)
     #: How often each worker reports its drained raw partitions (NEARDUP_MARK_INTERVAL_MS).
     mark_interval_ms: int = Field(default=500, ge=50, le=60_000)
+    #: Messages in the sequencer topic not yet committed by the sequencer above which
+    #: every worker stops reading raw pages, until they are down to half (NEARDUP_MAX_BACKLOG;
+    #: 0: never). It puts the pages already analysed before new ones when the broker or a
+    #: quota is the bottleneck.
+    max_backlog: int = Field(default=2000, ge=0, le=10_000_000)
     #: Standby replicas of the state tables on other workers (NEARDUP_STANDBY_REPLICAS).
     standby_replicas: int = Field(default=1, ge=0, le=8)
     #: routed: the index is partitioned by bucket over NEARDUP_PARTITIONS partitions of

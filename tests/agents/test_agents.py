@@ -24,7 +24,7 @@ from worker.contract import parse_raw, validate
 from worker.engine import Engine
 from worker.kafka import wire
 from worker.kafka.app import Worker
-from worker.kafka.stage import drained
+from worker.kafka.stage import backlogged, drained
 from worker.records import Rejected
 from worker.settings import Settings
 from worker.store import MemoryKV
@@ -221,6 +221,100 @@ def test_marks_are_made_for_partitions_committed_to_their_end() -> None:
     )
     assert marks == [wire.Mark(0, 10), wire.Mark(2, 0)]
     assert lag == {0: 0, 1: 2, 2: 0, 3: 5}
+
+
+def test_raw_pages_wait_from_above_the_backlog_limit_until_half_of_it() -> None:
+    assert [backlogged(lag, False, 100) for lag in (0, 100, 101)] == [False, False, True]
+    assert [backlogged(lag, True, 100) for lag in (101, 51, 50, 0)] == [True, True, False, False]
+    assert not backlogged(10**9, False, 0) and not backlogged(10**9, True, 0)
+
+
+class _BacklogConsumer:
+    """What ``Worker.admit`` asks of Faust's consumer: the sequencer topic's end offset
+    and the group's committed offset there, and the raw partitions to pause."""
+
+    def __init__(self, worker: Worker, end: int, committed: int | None) -> None:
+        from faust.types import TP
+
+        self.end, self.done, self.earliest = end, committed, 0
+        self.seq = TP(worker.names.sequence, 0)
+        self.raw = {TP(worker.names.raw, p) for p in range(3)}
+        self.other = TP("elsewhere", 0)
+        self.paused: set[Any] = set()
+        self._thread = self
+
+    def _new_topicpartition(self, topic: str, partition: int) -> Any:
+        from faust.types import TP
+
+        return TP(topic, partition)
+
+    def assignment(self) -> set[Any]:
+        return self.raw | {self.seq, self.other}
+
+    async def highwaters(self, *tps: Any) -> dict[Any, int]:
+        return {tp: self.end for tp in tps if tp == self.seq}
+
+    async def earliest_offsets(self, *tps: Any) -> dict[Any, int]:
+        return {tp: self.earliest for tp in tps if tp == self.seq}
+
+    def _ensure_consumer(self) -> Any:
+        return self
+
+    async def call_thread(self, fun: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        return await fun(*args)
+
+    async def committed(self, tp: Any) -> int | None:
+        assert tp == self.seq
+        return self.done
+
+    def pause_partitions(self, tps: Any) -> None:
+        self.paused |= set(tps)
+
+    def resume_partitions(self, tps: Any) -> None:
+        self.paused -= set(tps)
+
+
+def test_a_worker_pauses_its_raw_partitions_while_the_sequencer_is_behind(
+    tmp_path: Path,
+) -> None:
+    worker, _ = _worker(tmp_path, partitions=3)
+    consumer = _BacklogConsumer(worker, end=2500, committed=400)
+    worker.app.consumer = consumer  # type: ignore[assignment]
+
+    async def go() -> None:
+        await worker.admit()  # 2,100 waiting > 2,000: pause
+        assert consumer.paused == consumer.raw and worker.paused and worker.backlog == 2100
+        consumer.done = 1400  # 1,100 waiting: above half the limit, still paused
+        await worker.admit()
+        assert consumer.paused == consumer.raw
+        consumer.done = 1500  # 1,000: resume
+        await worker.admit()
+        assert consumer.paused == set() and not worker.paused
+        consumer.done = None  # no commit yet: counted from the earliest offset
+        await worker.admit()
+        assert worker.backlog == 2500 and consumer.paused == consumer.raw
+
+    run(go)
+    assert worker.pauses == 2
+    metrics = worker.metrics.render().decode()
+    assert "neardup_raw_pauses_total 2.0" in metrics
+    assert "neardup_raw_paused 1.0" in metrics and "neardup_sequencer_backlog 2500.0" in metrics
+
+
+def test_paused_raw_pages_wait_unanalysed_then_go_on(tmp_path: Path) -> None:
+    worker, rec = _worker(tmp_path)
+    worker.paused = True
+
+    async def go() -> None:
+        async with worker.analyse_agent.test_context() as agent:
+            put = asyncio.ensure_future(agent.put(value=line(gold_stream()[0][0]).encode()))
+            await asyncio.sleep(0.5)
+            assert rec.values("sequencer") == [] and worker.analyse_stats.pages == 0
+            worker.paused = False
+            await put
+            await until(lambda: len(rec.values("sequencer")) == 1, "the page forwarded")
+
+    run(go)
 
 
 def test_exactly_once_is_refused_with_a_reason(tmp_path: Path) -> None:

@@ -476,9 +476,10 @@ class Deployment:
         )
         self.workers: list[WorkerProcess] = []
 
-    def worker(self, index: int) -> WorkerProcess:
+    def worker(self, index: int, env: dict[str, str] | None = None) -> WorkerProcess:
         """A worker process; ``index`` names its state directory and log (a worker
-        restarted with the same index keeps its state directory)."""
+        restarted with the same index keeps its state directory); ``env``: settings of
+        its own."""
         w = WorkerProcess(
             self.bootstrap,
             self.names,
@@ -486,6 +487,7 @@ class Deployment:
             self.tmp / f"worker{index}",
             self.tmp / f"worker{index}.log",
             topology=self.topology,
+            env=env,
         )
         self.workers.append(w)
         return w

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import os
 import random
+import re
 import shutil
 import signal
 import threading
@@ -226,7 +227,8 @@ def test_a_slow_downstream_applies_backpressure(
     samples: list[int] = []
     stop = threading.Event()
     try:
-        w = d.worker(0).start()
+        # a small backlog limit, so that this short run pauses reading raw pages
+        w = d.worker(0, env={"NEARDUP_MAX_BACKLOG": "10"}).start()
         assert w.proc is not None
         pid = w.proc.pid
 
@@ -240,6 +242,10 @@ def test_a_slow_downstream_applies_backpressure(
         t0 = time.monotonic()
         d.wait(lambda: all_out(ref, d), DEADLINE * 2, "every page decided, throttled")
         elapsed = time.monotonic() - t0
+        # and it reads raw pages again once the sequencer has caught up
+        resumed = re.compile(r"^neardup_raw_paused 0\.0$", re.M)
+        d.wait(lambda: bool(resumed.search(w.fetch("/metrics")[1])), DEADLINE, "resumed")
+        metrics = w.fetch("/metrics")[1]
     finally:
         stop.set()
         own_broker.config(
@@ -263,6 +269,9 @@ def test_a_slow_downstream_applies_backpressure(
     assert elapsed > 10, "the quota did not slow the worker: not a slow downstream"
     # no growth with the backlog: the last third of the run holds no more than the first
     assert late < early + 128 * 2**20, "memory grew while the outputs were throttled"
+    # the worker held raw pages back while the sequencer was behind, and let them in again
+    pauses = re.search(r"^neardup_raw_pauses_total (\S+)$", metrics, re.M)
+    assert pauses is not None and float(pauses.group(1)) >= 1, metrics
 
 
 def test_a_state_store_that_cannot_be_opened_stops_the_worker_clearly(

@@ -27,6 +27,7 @@ answered with exactly what was published for it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -42,7 +43,7 @@ from worker.kafka.http import serve
 from worker.kafka.metrics import Metrics
 from worker.kafka.route import ProbeCounts, RoutedStage, index_for, probe_store, records_store
 from worker.kafka.security import faust_credentials
-from worker.kafka.stage import DecideStage, Emit, analyse_message, drained
+from worker.kafka.stage import DecideStage, Emit, analyse_message, backlogged, drained
 from worker.kafka.tablekv import Changelog, TableKV, event_context
 from worker.kafka.topics import (
     BUCKETS_TABLE,
@@ -66,6 +67,10 @@ PRODUCER_BATCH_BYTES = 1 << 20
 #: How long a message that no agent took may hold a partition's commits back before the
 #: partition is read again from it (``Worker.unstick``).
 STUCK_S = 10.0
+#: How long ``Worker.admit`` waits for the group coordinator's committed offset.
+ADMIT_WAIT_S = 5.0
+#: How often the analyse agent looks again while the raw pages are paused.
+PAUSED_POLL_S = 0.05
 
 #: Bytes a partition per fetch while the tables are restored from their changelogs.
 RESTORE_FETCH_BYTES = 16 << 20
@@ -136,6 +141,11 @@ class Worker:
         self.rereads = 0
         #: Those sought on the last tick, and to what offset.
         self.sought: dict[Any, int] = {}
+        #: Whether this worker holds its raw partitions paused (``admit``), how often it
+        #: paused them, and the sequencer topic's backlog when last looked at.
+        self.paused = False
+        self.pauses = 0
+        self.backlog = 0
         faustfix.install()
         self.app = app = faust.App(
             settings.app_id,
@@ -195,10 +205,6 @@ class Worker:
             async for events in stream.take_events(EVENT_BATCH, within=EVENT_WAIT_S):
                 await faustfix.acked_when_done(stream, events, self.on_sequence)
 
-        async def marks_timer() -> None:
-            await self.send_marks()
-            await self.unstick()
-
         async def http_task() -> None:
             await serve(settings.http_host, settings.http_port, self.metrics.render, self.is_ready)
 
@@ -209,13 +215,24 @@ class Worker:
         self.sequence_agent = self._agent(self.sequence, "neardup.sequence", sequence_agent)
         if self.routed:
             self._routing_agents()
-        app.timer(settings.mark_interval_ms / 1000, name="neardup.marks")(marks_timer)
+        self._timers(settings.mark_interval_ms / 1000)
         # (cast: mode types a receiver with a keyword-only ``signal`` parameter)
         cast(Any, app.on_partitions_revoked).connect(self._on_revoked)
         cast(Any, app.on_rebalance_complete).connect(self._on_rebalance_complete)
         cast(Any, app.on_before_shutdown).connect(before_shutdown)
         if serve_http:
             app.task(http_task)
+
+    def _timers(self, interval: float) -> None:
+        async def marks_timer() -> None:
+            await self.send_marks()
+            await self.unstick()
+
+        async def admit_timer() -> None:
+            await self.admit()
+
+        self.app.timer(interval, name="neardup.marks")(marks_timer)
+        self.app.timer(interval, name="neardup.admit")(admit_timer)
 
     def _table(self, name: str, partitions: int) -> Any:
         return self.app.Table(
@@ -268,6 +285,8 @@ class Worker:
     async def on_raw(self, event: Any) -> None:
         """One raw page: analyse it, forward it to the sequencer or dead-letter it."""
         msg = event.message
+        while self.paused:  # the pages fetched already wait too (``admit``)
+            await asyncio.sleep(PAUSED_POLL_S)
         t0 = time.perf_counter()
         # In the sandbox's child process when there is one; waiting for it here costs less
         # than handing the wait to a thread (measured: 30% more CPU a page, and slower)
@@ -390,6 +409,46 @@ class Worker:
         if marks:
             msg = wire.MarksMsg(self.raw_partitions(), tuple(marks))
             await self.send(self.sequence, None, wire.encode(msg), None)
+
+    async def admit(self) -> None:
+        """Pause this worker's raw partitions while the sequencer topic holds more than
+        ``max_backlog`` messages the sequencer has not committed, and resume them once it
+        is down to half (``stage.backlogged``). The analyse agent waits meanwhile, with
+        the pages it has fetched already. Every worker looks at the same backlog, so they
+        pause together whichever of them runs the sequencer. (Pages pending in the
+        sequencer do not count: they may be waiting for the very partitions paused.)"""
+        limit = self.settings.max_backlog
+        if limit <= 0 or self.app.rebalancing:
+            return
+        consumer: Any = self.app.consumer
+        tp = consumer._new_topicpartition(self.names.sequence, 0)
+        try:
+            ends = await consumer.highwaters(tp)
+            done = await asyncio.wait_for(faustfix.group_committed(consumer, tp), ADMIT_WAIT_S)
+            if done is None:
+                done = (await consumer.earliest_offsets(tp)).get(tp)
+        except Exception as exc:  # no answer now: keep the state, look again next tick
+            log.debug("sequencer backlog unknown: %r", exc)
+            return
+        end = ends.get(tp)
+        if end is None or done is None:
+            return
+        self.backlog = max(0, int(end) - int(done))
+        paused = backlogged(self.backlog, self.paused, limit)
+        raw = [t for t in consumer.assignment() if t.topic == self.names.raw]
+        if paused:
+            consumer.pause_partitions(raw)  # again each tick: partitions assigned since
+        elif self.paused:
+            consumer.resume_partitions(raw)
+        if paused != self.paused:
+            self.pauses += paused
+            log.info(
+                "%s reading raw pages: %d messages wait for the sequencer (limit %d)",
+                "pausing" if paused else "resuming",
+                self.backlog,
+                limit,
+            )
+        self.paused = paused
 
     async def unstick(self) -> None:
         """Read a partition again from its committed offset when a message that no agent

@@ -219,6 +219,14 @@ def read_from(consumer: Any, sought: dict[Any, int]) -> None:
             consumer._read_offset[tp] = offset
 
 
+async def group_committed(consumer: Any, tp: Any) -> int | None:
+    """The offset the consumer group committed for ``tp``, whichever worker owns it (a
+    request to the group coordinator, in Faust's consumer thread); None: none yet."""
+    thread = consumer._thread
+    offset = await thread.call_thread(thread._ensure_consumer().committed, tp)
+    return None if offset is None else int(offset)
+
+
 async def acked_when_done(
     stream: Any, events: list[Any], handle: Callable[[list[Any]], Awaitable[None]]
 ) -> None:

@@ -73,14 +73,20 @@ class _StageCollector:
                 "Partitions read again from a message no agent took",
                 w.rereads,
             ),
+            ("neardup_raw_pauses", "Times this worker paused reading raw pages", w.pauses),
         ):
             counter = CounterMetricFamily(name, doc)
             counter.add_metric([], value)
             yield counter
 
-        pending = GaugeMetricFamily("neardup_pending_pages", "Pages waiting in the sequencer")
-        pending.add_metric([], len(seq))
-        yield pending
+        for name, doc, value in (
+            ("neardup_pending_pages", "Pages waiting in the sequencer", len(seq)),
+            ("neardup_raw_paused", "1 while this worker holds raw pages back", int(w.paused)),
+            ("neardup_sequencer_backlog", "Messages the sequencer has not committed", w.backlog),
+        ):
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], value)
+            yield gauge
         flights = getattr(w.stage, "flights", None)
         if flights is not None:
             g = GaugeMetricFamily("neardup_pages_in_flight", "Pages released, not yet decided")

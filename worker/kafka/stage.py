@@ -128,6 +128,17 @@ def drained(
     return marks, lag
 
 
+def backlogged(lag: int, paused: bool, limit: int) -> bool:
+    """Whether a worker should hold its raw partitions paused, with ``lag`` messages in
+    the sequencer topic not yet committed by the sequencer: from above ``limit`` until it
+    is down to half of it (0: never). Analysis can outrun the stateful stages (a slow
+    broker, a client quota); pausing its input leaves the bandwidth to the pages already
+    started, and the backlog waits in the raw topic instead of as analysed pages."""
+    if limit <= 0:
+        return False
+    return lag > limit // 2 if paused else lag > limit
+
+
 def pid_bytes(pid: int) -> bytes:
     return pid.to_bytes(8, "big")
 
