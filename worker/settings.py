@@ -69,6 +69,11 @@ class Settings(BaseSettings):
     commit_interval_ms: int = Field(default=1000, ge=50, le=60_000)
     #: How often each worker reports its drained raw partitions (NEARDUP_MARK_INTERVAL_MS).
     mark_interval_ms: int = Field(default=500, ge=50, le=60_000)
+    #: How long a page waits, at most, for a drain mark made after it reached the
+    #: sequencer from each idle raw partition before the partition's last mark is taken
+    #: for it (NEARDUP_ORDER_WAIT_MS; 0: wait as long as it takes). A worker that died
+    #: sends no marks until its partitions have a new owner; this bounds the stall.
+    order_wait_ms: int = Field(default=60_000, ge=0, le=86_400_000)
     #: Messages in the sequencer topic not yet committed by the sequencer above which
     #: every worker stops reading raw pages, until they are down to half (NEARDUP_MAX_BACKLOG;
     #: 0: never). It puts the pages already analysed before new ones when the broker or a

@@ -144,9 +144,63 @@ def test_redelivered_pages_move_nothing_and_late_pages_are_counted() -> None:
     assert seq.late == 1 and seq.released == (30, "x")
 
 
+def test_a_mark_vouches_only_for_pages_that_reached_the_sequencer_before_it() -> None:
+    """The join-then-kill fault: a worker dies right after a page was produced into its
+    partition; its last mark said the partition was drained. Pages of other partitions
+    that reach the sequencer after that mark wait for a newer one, from the new owner."""
+    seq = Sequencer()
+    seq.observe(0, 24, 2, 10)
+    seq.on_marks(2, [wire.Mark(0, 25)], at=100.0)  # partition 0 drained at t=100 (dies)
+    seq.observe(1, 30, 2, 50)
+    seq.add((50, "x"), arrived=101.0)  # a later page of partition 1, reached at t=101
+    seq.observe(1, 31, 2, 60)
+    assert seq.peek() is None and seq.blocking() == [0]
+    # the new owner reads the page produced into partition 0 before the death
+    seq.observe(0, 25, 2, 20)
+    seq.add((20, "y"), arrived=112.0)
+    seq.on_marks(2, [wire.Mark(0, 26)], at=113.0)
+    assert list(seq.release()) == [(20, "y"), (50, "x")]  # in order: nothing late
+    assert seq.late == 0
+    # a mark that only repeats the offset still moves the time on
+    assert seq.on_marks(2, [wire.Mark(0, 26)], at=114.0) == [0]
+    assert seq.on_marks(2, [wire.Mark(0, 26)], at=114.0) == []
+
+
+def test_a_page_waits_for_fresh_marks_only_so_long_then_the_last_ones_count() -> None:
+    now = [101.0]
+    seq = Sequencer(wait=30.0, clock=lambda: now[0])
+    seq.observe(0, 24, 2, 10)
+    seq.on_marks(2, [wire.Mark(0, 25)], at=100.0)  # partition 0's owner dies after this
+    seq.observe(1, 30, 2, 50)
+    seq.add((50, "x"), arrived=101.0)
+    seq.observe(1, 31, 2, 60)
+    now[0] = 130.9
+    assert seq.peek() is None and seq.blocking() == [0]
+    now[0] = 131.0  # 30 s after it arrived: partition 0's last mark is taken
+    assert list(seq.release()) == [(50, "x")]
+    # the page produced into partition 0 before the death comes late, and is counted
+    seq.observe(0, 25, 2, 20)
+    seq.add((20, "y"), arrived=140.0)
+    assert list(seq.release()) == [(20, "y")] and seq.late == 1
+
+
+def test_marks_and_progress_stored_before_marks_had_a_time_vouch_for_every_page() -> None:
+    old = b'{"v":1,"t":"marks","n":2,"m":[[0,5]]}'
+    msg = wire.decode(old)
+    assert isinstance(msg, wire.MarksMsg) and msg.at == float("inf")
+    prog = Progress.from_bytes(b"[4, 10, 5]")
+    assert prog.drained and prog.vouched == float("inf")
+    seq = Sequencer()
+    seq.progress[0] = prog
+    seq.on_marks(1, [wire.Mark(0, 5)], at=7.0)  # the first timed mark replaces it
+    assert seq.progress[0].vouched == 7.0
+
+
 def test_progress_round_trips() -> None:
-    for p in (Progress(), Progress(3, 17, 4), Progress(-1, None, 0)):
+    for p in (Progress(), Progress(3, 17, 4), Progress(-1, None, 0), Progress(2, 9, 3, 1.5)):
         assert Progress.from_bytes(p.to_bytes()) == p
+    msg = wire.MarksMsg(3, (wire.Mark(1, 8),), 1234.5)
+    assert wire.decode(wire.encode(msg)) == msg
 
 
 # -- journal -------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import asyncio
 import functools
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -184,10 +185,11 @@ class Worker:
         self.changelog = Changelog(app)
         self.state_table = self._table(STATE_TABLE, 1)
         kv = TableKV(self.state_table, self.changelog)
+        wait = settings.order_wait_ms / 1000 if settings.order_wait_ms else math.inf
         self.stage = (
-            RoutedStage(kv, self.cfg, settings.partitions)
+            RoutedStage(kv, self.cfg, settings.partitions, order_wait=wait)
             if self.routed
-            else DecideStage(kv, self.cfg)
+            else DecideStage(kv, self.cfg, order_wait=wait)
         )
         self.analyse_stats = Stats()
         self.probe_counts = ProbeCounts()
@@ -323,6 +325,7 @@ class Worker:
             try:
                 with event_context(event):
                     self.stage.offset = msg.offset
+                    self.stage.arrived = float(msg.timestamp or -math.inf)
                     if event is events[0]:
                         self.stage.confirm(self._committed(msg.tp))
                     for decoded in items:
@@ -394,6 +397,8 @@ class Worker:
         tps = sorted(tp for tp in consumer.assignment() if tp.topic == self.names.raw)
         if not tps:
             return
+        # before the end offsets are read: the marks vouch for what was forwarded by then
+        at = time.time()
         ends = await consumer.highwaters(*tps)
         # Faust's own record of the offsets it committed for the partitions it owns; they
         # are committed only after everything produced before has been flushed.
@@ -407,7 +412,7 @@ class Worker:
         )
         self.metrics.lag.update(lag)
         if marks:
-            msg = wire.MarksMsg(self.raw_partitions(), tuple(marks))
+            msg = wire.MarksMsg(self.raw_partitions(), tuple(marks), at)
             await self.send(self.sequence, None, wire.encode(msg), None)
 
     async def admit(self) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import zlib
 from collections import Counter
@@ -239,13 +240,15 @@ class RoutedStage(DecideStage):
     #: idempotent; this only matters if a message was lost to a bug).
     STALLED_S = 60.0
 
-    def __init__(self, kv: ScanKV, cfg: EngineConfig, partitions: int) -> None:
+    def __init__(
+        self, kv: ScanKV, cfg: EngineConfig, partitions: int, *, order_wait: float = math.inf
+    ) -> None:
         self.partitions = partitions
         self.flights: dict[int, Flight] = {}
         self.flying: Counter[int] = Counter()  # pids in flight
         self.flying_keys: set[Key] = set()
         self.next_seq = 0
-        super().__init__(kv, cfg)
+        super().__init__(kv, cfg, order_wait=order_wait)
 
     def _engine_kv(self, journal: JournalKV, cfg: EngineConfig) -> KV:
         self.routed = RoutedKV(journal, cfg)

@@ -11,7 +11,10 @@ page with an order up to ``K``. For each partition either
 * a page with a later order has come from it (pages of one partition arrive in offset
   order, and a partition is taken to be written in non-decreasing fetch time), or
 * it is *drained*: a mark promised that every page below some offset was delivered, and
-  no page at or beyond that offset has come since.
+  no page at or beyond that offset has come since; and that mark was made after the page
+  to release reached the sequencer topic. (A mark vouches for the pages produced before
+  it, not after: when a worker dies, its partitions' last marks say nothing of pages
+  produced into them since, and the release waits for their new owner's marks.)
 
 Ties on ``K`` wait for a strictly later page, so pages of one partition with the same
 fetch time may come in any page-id order.
@@ -28,7 +31,9 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Iterable, Iterator
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from worker.kafka.wire import Mark
@@ -58,6 +63,8 @@ class Progress:
     high: int | None = None
     #: Every page below this offset has been delivered (from the latest mark).
     through: int = -1
+    #: When the latest mark that said so was made (Unix seconds).
+    vouched: float = -math.inf
 
     @property
     def drained(self) -> bool:
@@ -65,23 +72,30 @@ class Progress:
         return self.through > self.last_page
 
     def to_bytes(self) -> bytes:
-        return json.dumps([self.last_page, self.high, self.through]).encode()
+        return json.dumps([self.last_page, self.high, self.through, self.vouched]).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Progress:
-        last_page, high, through = json.loads(raw)
-        return cls(int(last_page), None if high is None else int(high), int(through))
+        last_page, high, through, *vouched = json.loads(raw)
+        # (stored before marks had a time: they vouched for every page)
+        at = float(vouched[0]) if vouched else math.inf
+        return cls(int(last_page), None if high is None else int(high), int(through), at)
 
 
 class Sequencer:
     """Pending page keys and per-partition progress; decides what may be released."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait: float = math.inf, clock: Callable[[], float] = time.time) -> None:
+        #: Seconds after its arrival (on ``clock``) after which a page is released on
+        #: partitions' last marks even if they were made before it (``_may_release``).
+        self.wait = wait
+        self.clock = clock
         #: Partitions of the raw topic (0 until a message says).
         self.partitions = 0
         self.progress: dict[int, Progress] = {}
         self._heap: list[Key] = []
-        self._pending: set[Key] = set()
+        #: Pending keys, and when each page reached the sequencer topic (Unix seconds).
+        self._pending: dict[Key, float] = {}
         #: The greatest key released so far.
         self.released: Key | None = None
         self.late = 0
@@ -93,13 +107,14 @@ class Sequencer:
         self,
         partitions: int,
         progress: Iterable[tuple[int, Progress]],
-        pending: Iterable[Key],
+        pending: Iterable[tuple[Key, float]],
         released: Key | None,
     ) -> None:
-        """Load persisted state (after a restart or a rebalance)."""
+        """Load persisted state (after a restart or a rebalance): ``pending`` is each
+        pending key with the time its page reached the sequencer topic."""
         self.partitions = partitions
         self.progress = dict(progress)
-        self._pending = set(pending)
+        self._pending = dict(pending)
         self._heap = sorted(self._pending)
         self.released = released
 
@@ -115,33 +130,48 @@ class Sequencer:
         prog.high = order if prog.high is None else max(prog.high, order)
         return True
 
-    def add(self, key: Key) -> bool:
-        """Make ``key`` pending; False if it already is (a redelivered page)."""
+    def add(self, key: Key, arrived: float = -math.inf) -> bool:
+        """Make ``key`` pending, its page having reached the sequencer topic at
+        ``arrived``; False if it already is (a redelivered page)."""
         if key in self._pending:
             return False
-        self._pending.add(key)
+        self._pending[key] = arrived
         heapq.heappush(self._heap, key)
         return True
 
-    def on_marks(self, partitions: int, marks: Iterable[Mark]) -> list[int]:
-        """Apply marks; returns the partitions whose progress changed."""
+    def arrived(self, key: Key) -> float:
+        """When the pending page ``key`` reached the sequencer topic."""
+        return self._pending[key]
+
+    def on_marks(self, partitions: int, marks: Iterable[Mark], at: float = math.inf) -> list[int]:
+        """Apply marks made at ``at``; returns the partitions whose progress changed."""
         self.partitions = max(self.partitions, partitions)
         changed = []
         for mark in marks:
             prog = self.progress.setdefault(mark.partition, Progress())
-            if mark.through > prog.through:
-                prog.through = mark.through
-                changed.append(mark.partition)
+            if mark.through < prog.through:
+                continue
+            # (a time replaces the infinity of marks stored before marks had one)
+            vouched = at if prog.vouched == math.inf else max(prog.vouched, at)
+            if mark.through == prog.through and vouched == prog.vouched:
+                continue
+            prog.through, prog.vouched = mark.through, vouched
+            changed.append(mark.partition)
         return changed
 
-    def _may_release(self, order: int) -> bool:
+    def _may_release(self, key: Key) -> bool:
         if self.partitions == 0:
             return False
+        order, arrived = key[0], self._pending[key]
+        # waited long enough for fresh marks: the last ones are taken as they are
+        stale_ok = self.clock() - arrived >= self.wait
         for p in range(self.partitions):
             prog = self.progress.get(p)
             if prog is None:
                 return False
-            if not prog.drained and (prog.high is None or prog.high <= order):
+            if prog.high is not None and prog.high > order:
+                continue
+            if not prog.drained or (prog.vouched < arrived and not stale_ok):
                 return False
         return True
 
@@ -151,12 +181,12 @@ class Sequencer:
             return None
         key = self._heap[0]
         late = self.released is not None and key < self.released
-        return key if late or self._may_release(key[0]) else None
+        return key if late or self._may_release(key) else None
 
     def pop(self) -> Key:
         """Release the key ``peek`` returned."""
         key = heapq.heappop(self._heap)
-        self._pending.discard(key)
+        self._pending.pop(key, None)
         if self.released is not None and key < self.released:
             self.late += 1
         else:
@@ -172,10 +202,14 @@ class Sequencer:
         """Partitions that hold back the next pending page (for logs and metrics)."""
         if not self._heap:
             return []
-        order = self._heap[0][0]
+        key = self._heap[0]
+        order, arrived = key[0], self._pending[key]
         return [
             p
             for p in range(self.partitions)
             if (prog := self.progress.get(p)) is None
-            or (not prog.drained and (prog.high is None or prog.high <= order))
+            or (
+                (prog.high is None or prog.high <= order)
+                and (not prog.drained or prog.vouched < arrived)
+            )
         ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -157,15 +158,20 @@ class DecideCounts:
 class DecideStage:
     """Sequencer plus ``Engine`` over the state store; see the module docstring."""
 
-    def __init__(self, kv: ScanKV, cfg: EngineConfig) -> None:
+    def __init__(self, kv: ScanKV, cfg: EngineConfig, *, order_wait: float = math.inf) -> None:
         self.journal = JournalKV(kv)
         self.engine = Engine(self._engine_kv(self.journal, cfg), cfg)
-        self.sequencer = Sequencer()
+        #: ``Sequencer.wait``: how long a page waits for marks made after it arrived.
+        self.order_wait = order_wait
+        self.sequencer = Sequencer(order_wait)
         self.counts = DecideCounts()
         self.loaded = False
         #: Offset of the sequencer message being handled (set by the agent before
         #: ``accept``); after a restart, the first one is where the replay starts.
         self.offset = -1
+        #: When the sequencer message being handled reached its topic (its Kafka
+        #: timestamp, set by the agent with ``offset``; -inf: unknown).
+        self.arrived = -math.inf
         #: Outbox keys written in this run, in offset order, not yet confirmed.
         self.unconfirmed: deque[bytes] = deque()
         #: Called with the seconds each page took in the stateful stages (the metrics).
@@ -192,8 +198,11 @@ class DecideStage:
         progress = [
             (int.from_bytes(k[n:], "big"), Progress.from_bytes(v)) for k, v in kv.scan(_PROGRESS)
         ]
-        pending = [key_from_bytes(k[len(_PENDING) :]) for k, _ in kv.scan(_PENDING)]
-        self.sequencer = Sequencer()
+        pending = [
+            (key_from_bytes(k[len(_PENDING) :]), float(json.loads(v).get("in", -math.inf)))
+            for k, v in kv.scan(_PENDING)
+        ]
+        self.sequencer = Sequencer(self.order_wait)
         self.sequencer.restore(
             int(raw_n) if raw_n else 0,
             progress,
@@ -248,7 +257,7 @@ class DecideStage:
     def unload(self) -> None:
         """Forget the in-memory state (the partition was revoked)."""
         self.loaded = False
-        self.sequencer = Sequencer()
+        self.sequencer = Sequencer(self.order_wait)
         self.unconfirmed = deque()
 
     def _save_progress(self, partitions: Iterable[int]) -> None:
@@ -267,7 +276,7 @@ class DecideStage:
         out = [] if self.loaded else self.load()
         if isinstance(msg, MarksMsg):
             before = self.sequencer.partitions
-            changed = self.sequencer.on_marks(msg.partitions, msg.marks)
+            changed = self.sequencer.on_marks(msg.partitions, msg.marks, msg.at)
             if changed or self.sequencer.partitions != before:
                 self._save_progress(changed)
                 self.journal.apply(0)
@@ -296,8 +305,11 @@ class DecideStage:
             self._save_progress([msg.partition])
         stored = self._stored(a.pid)
         key: Key = (a.order, a.page.page_id)
-        if stored is None and not self._in_progress(key) and self.sequencer.add(key):
+        arrived = self.arrived
+        if stored is None and not self._in_progress(key) and self.sequencer.add(key, arrived):
             pending = {"ts": msg.timestamp, "a": msg.as_read or analysed_to_json(a)}
+            if math.isfinite(arrived):
+                pending["in"] = arrived
             value = json.dumps(pending, ensure_ascii=False).encode()
             self.journal.put_many([(_PENDING + key_bytes(key), value)])
         self.journal.apply(0)

@@ -111,6 +111,10 @@ class Mark:
 class MarksMsg:
     partitions: int
     marks: tuple[Mark, ...]
+    #: When the marks were made (Unix seconds, taken before the end offsets were read):
+    #: they vouch for the pages forwarded to the sequencer before then. (Infinity: for
+    #: every page, as marks without a time did.)
+    at: float = float("inf")
 
 
 # -- the routed topology (worker.kafka.route) -------------------------------------------
@@ -188,6 +192,7 @@ def _body(msg: AnyMsg) -> dict[str, Any]:  # noqa: PLR0911 - one branch per type
             "t": "marks",
             "n": msg.partitions,
             "m": [[m.partition, m.through] for m in msg.marks],
+            **({"at": msg.at} if msg.at != float("inf") else {}),
         }
     if isinstance(msg, ProbeMsg):
         return {
@@ -231,7 +236,8 @@ def _from(obj: dict[str, Any]) -> AnyMsg:  # noqa: PLR0911 - one branch per type
             obj["a"],
         )
     if t == "marks":
-        return MarksMsg(int(obj["n"]), tuple(Mark(int(p), int(x)) for p, x in obj["m"]))
+        marks = tuple(Mark(int(p), int(x)) for p, x in obj["m"])
+        return MarksMsg(int(obj["n"]), marks, float(obj.get("at", float("inf"))))
     if t == "probe":
         keys = tuple(_bytes(k) for k in obj["k"])
         return ProbeMsg(int(obj["s"]), int(obj["pid"]), bool(obj["add"]), _bytes(obj["e"]), keys)
