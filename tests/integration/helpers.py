@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.corpus import line
 from tests.gold import gold_stream
 from worker.cli import main as neardup
@@ -566,17 +564,10 @@ def all_out(ref: Reference, d: Deployment) -> bool:
 
 
 def check_after_fault(values: list[bytes], ref: Reference, d: Deployment) -> tuple[int, int]:
-    """After a fault: nothing lost and nothing decided twice, strictly (``accounted``, and
-    no conflicting copies); the same decisions as ``neardup dedup`` only as an expected
-    failure. A fault can make a page *late*: released after pages that come later in the
-    order, so that the page its decision names as the match differs (README, Faults)."""
+    """After a fault: nothing lost and nothing decided twice (``accounted``), and the same
+    decisions and clusters as ``neardup dedup`` (no page released late: README, Faults)."""
     pages, out = accounted(values, ref, d)
-    try:
-        check_against(ref, d)
-    except AssertionError as exc:
-        if str(exc).startswith("conflicting"):
-            raise
-        pytest.xfail(f"decided in another order after the fault (a late page): {exc}")
+    check_against(ref, d)
     return pages, out
 
 

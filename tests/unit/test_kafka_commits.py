@@ -197,3 +197,19 @@ def test_a_partition_held_back_by_a_message_no_stream_took_is_found() -> None:
     # recorded the new committed offset (the producer's flush is slow): not stuck
     state._neardup_committing = {a: 13}  # type: ignore[attr-defined]
     assert stuck_partitions(state, lambda topic: topic != "h") == {e: 50, f: 60}
+
+
+def test_a_page_says_below_which_offset_every_message_was_handled() -> None:
+    from worker.kafka.faustfix import handled_below
+
+    c = _Consumer(10, [10, 11, 12])
+    assert handled_below(c, "tp", 13) == 13  # 10-12 acknowledged: nothing missing
+    c = _Consumer(10, [10, 12])
+    assert handled_below(c, "tp", 13) == 11  # 11 was skipped: it comes back later
+    c._gap["tp"].addi(11, 12)  # ... unless the topic has no offset 11
+    assert handled_below(c, "tp", 13) == 13
+    c = _Consumer(10, [])
+    c.__dict__["_neardup_committing"] = {"tp": 13}  # 10-12 being committed right now
+    assert handled_below(c, "tp", 13) == 13
+    assert handled_below(_Consumer(None, []), "tp", 5) == 5  # no commit known: trusted
+    assert handled_below(_Consumer(20, []), "tp", 5) == 20  # a copy of a committed one

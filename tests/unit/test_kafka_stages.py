@@ -4,6 +4,7 @@ against the sequential engine — all without a broker."""
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -84,8 +85,9 @@ def test_sequencer_messages_round_trip(
     page = RawPage(page_id, "https://a.example/x", "2026-03-01T00:00:00Z", "text/html", "")
     fps = Fingerprints(fp1, fp2, tuple(sorted(set(strings))), 7, 9, sketch)
     a = Analysed(page, 1, order, "a.example", "标题", 10, fps, "utf-8", "text")
-    msg = wire.PageMsg(partition, offset, 6, a, 1.5)
-    assert wire.decode(wire.encode(msg)) == msg
+    for clear in (None, max(0, offset - 1)):
+        msg = wire.PageMsg(partition, offset, 6, a, 1.5, clear)
+        assert wire.decode(wire.encode(msg)) == msg
     marks = wire.MarksMsg(6, (wire.Mark(partition, offset),))
     assert wire.decode(wire.encode(marks)) == marks
 
@@ -196,8 +198,39 @@ def test_marks_and_progress_stored_before_marks_had_a_time_vouch_for_every_page(
     assert seq.progress[0].vouched == 7.0
 
 
+def test_pages_after_a_skipped_message_wait_for_it_before_they_count() -> None:
+    """Faust skipped raw offset 8 of partition 0 around a rebalance (never acknowledged);
+    offsets 9 and 10 went on. Their later orders must not let partition 1's pages go
+    before page 8, read again 10 s later."""
+    seq = Sequencer()
+    for offset, order in ((6, 10), (7, 20)):
+        seq.observe(0, offset, 2, order)
+    seq.observe(0, 9, 2, 40, clear=8)  # 8 not handled when 9 was
+    seq.observe(0, 10, 2, 50, clear=8)
+    assert seq.progress[0].high == 20 and len(seq.progress[0].held) == 2
+    seq.observe(1, 3, 2, 35)
+    seq.add((35, "q"))
+    seq.observe(1, 4, 2, 60)
+    assert seq.peek() is None and seq.blocking() == [0]
+    # offset 8 comes back, then 9 and 10 again: each clears what is before it
+    assert seq.observe(0, 8, 2, 30, clear=8)
+    seq.add((30, "p8"))
+    assert seq.peek() is None  # page 8 waits for a later page of its partition
+    seq.observe(0, 9, 2, 40, clear=9)
+    assert list(seq.release()) == [(30, "p8"), (35, "q")] and seq.late == 0
+    assert seq.progress[0].high == 40 and seq.progress[0].held == [[10, 50]]
+    seq.on_marks(2, [wire.Mark(0, 11)], at=math.inf)  # everything below 11 handled
+    assert seq.progress[0].held == [] and seq.progress[0].high == 50
+
+
 def test_progress_round_trips() -> None:
-    for p in (Progress(), Progress(3, 17, 4), Progress(-1, None, 0), Progress(2, 9, 3, 1.5)):
+    for p in (
+        Progress(),
+        Progress(3, 17, 4),
+        Progress(-1, None, 0),
+        Progress(2, 9, 3, 1.5),
+        Progress(9, 20, 3, 1.5, [[8, 25], [9, 30]]),
+    ):
         assert Progress.from_bytes(p.to_bytes()) == p
     msg = wire.MarksMsg(3, (wire.Mark(1, 8),), 1234.5)
     assert wire.decode(wire.encode(msg)) == msg

@@ -310,7 +310,8 @@ class Worker:
             await self.send(self.rejects, key, _json(result.to_json()), None)
             return
         ts = float(msg.timestamp or 0.0)
-        page = wire.PageMsg(msg.partition, msg.offset, self.raw_partitions(), result, ts)
+        clear = faustfix.handled_below(self.app.consumer, msg.tp, msg.offset)
+        page = wire.PageMsg(msg.partition, msg.offset, self.raw_partitions(), result, ts, clear)
         await self.send(self.sequence, result.page.page_id.encode(), wire.encode(page), None)
 
     async def on_sequence(self, events: list[Any]) -> None:

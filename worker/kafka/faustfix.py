@@ -219,6 +219,27 @@ def read_from(consumer: Any, sought: dict[Any, int]) -> None:
             consumer._read_offset[tp] = offset
 
 
+def handled_below(consumer: Any, tp: Any, offset: int) -> int:
+    """While the message at ``offset`` of ``tp`` is being handled: the offset below which
+    every message of the partition was handled, counting from the committed offset (or
+    the one being committed) over acknowledged offsets and offsets the topic does not
+    have (gaps). ``offset`` itself (or more) when nothing before it is missing, or when
+    no commit is known yet. Less when a message before it was skipped (see
+    ``no_skipped_acks``): it will be read again."""
+    committed = consumer._committed_offset.get(tp)
+    committing = (getattr(consumer, "_neardup_committing", None) or {}).get(tp)
+    if committing is not None:
+        committed = committing if committed is None else max(committed, committing)
+    if committed is None:
+        return offset
+    acked = consumer._acked_index.get(tp) or ()
+    gaps = consumer._gap.get(tp)
+    at = int(committed)
+    while at < offset and (at in acked or (gaps is not None and gaps.overlaps(at))):
+        at += 1
+    return at
+
+
 async def group_committed(consumer: Any, tp: Any) -> int | None:
     """The offset the consumer group committed for ``tp``, whichever worker owns it (a
     request to the group coordinator, in Faust's consumer thread); None: none yet."""

@@ -81,6 +81,11 @@ class _StageCollector:
 
         for name, doc, value in (
             ("neardup_pending_pages", "Pages waiting in the sequencer", len(seq)),
+            (
+                "neardup_held_pages",
+                "Pages received after a raw message their sender had not handled",
+                sum(len(p.held) for p in seq.progress.values()),
+            ),
             ("neardup_raw_paused", "1 while this worker holds raw pages back", int(w.paused)),
             ("neardup_sequencer_backlog", "Messages the sequencer has not committed", w.backlog),
         ):

@@ -8,8 +8,10 @@ fetch time, then page id.
 A pending page with order ``K`` is released once no raw partition can still deliver a
 page with an order up to ``K``. For each partition either
 
-* a page with a later order has come from it (pages of one partition arrive in offset
-  order, and a partition is taken to be written in non-decreasing fetch time), or
+* a page with a later order has come from it, every message before which its sender had
+  handled (pages of one partition arrive in offset order, and a partition is taken to
+  be written in non-decreasing fetch time; a message skipped on the way comes back
+  later, and the pages after it are *held* until it has), or
 * it is *drained*: a mark promised that every page below some offset was delivered, and
   no page at or beyond that offset has come since; and that mark was made after the page
   to release reached the sequencer topic. (A mark vouches for the pages produced before
@@ -34,7 +36,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from worker.kafka.wire import Mark
 
@@ -65,21 +67,40 @@ class Progress:
     through: int = -1
     #: When the latest mark that said so was made (Unix seconds).
     vouched: float = -math.inf
+    #: Pages received while an earlier message of the partition was not handled yet
+    #: (``[offset, order]``): their orders do not count in ``high`` until it was.
+    held: list[list[int]] = field(default_factory=list)
 
     @property
     def drained(self) -> bool:
         """Nothing can come from the partition that is not here already."""
         return self.through > self.last_page
 
+    def count(self, order: int) -> None:
+        self.high = order if self.high is None else max(self.high, order)
+
+    def clear(self, below: int) -> bool:
+        """Every message below offset ``below`` was handled: the held pages at or below
+        it count now. True if any did."""
+        ready = [h for h in self.held if h[0] <= below]
+        if not ready:
+            return False
+        self.held = [h for h in self.held if h[0] > below]
+        for _, order in ready:
+            self.count(order)
+        return True
+
     def to_bytes(self) -> bytes:
-        return json.dumps([self.last_page, self.high, self.through, self.vouched]).encode()
+        row = [self.last_page, self.high, self.through, self.vouched]
+        return json.dumps([*row, self.held] if self.held else row).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Progress:
-        last_page, high, through, *vouched = json.loads(raw)
+        last_page, high, through, *rest = json.loads(raw)
         # (stored before marks had a time: they vouched for every page)
-        at = float(vouched[0]) if vouched else math.inf
-        return cls(int(last_page), None if high is None else int(high), int(through), at)
+        at = float(rest[0]) if rest else math.inf
+        held = [[int(o), int(k)] for o, k in rest[1]] if len(rest) > 1 else []
+        return cls(int(last_page), None if high is None else int(high), int(through), at, held)
 
 
 class Sequencer:
@@ -118,16 +139,33 @@ class Sequencer:
         self._heap = sorted(self._pending)
         self.released = released
 
-    def observe(self, partition: int, offset: int, partitions: int, order: int) -> bool:
-        """Record that a page of ``order`` came from ``partition`` at ``offset``; True if
-        the partition's progress moved. A page at or below the partition's last page
-        offset is a redelivery and moves nothing."""
+    def observe(
+        self, partition: int, offset: int, partitions: int, order: int, clear: int | None = None
+    ) -> bool:
+        """Record that a page of ``order`` came from ``partition`` at ``offset``, its
+        sender having handled every message of the partition below ``clear`` (None: below
+        ``offset``); True if the partition's progress moved.
+
+        A page whose sender had not handled every message before it (``clear < offset``:
+        one was skipped, and will be read again) is *held*: its order counts only once a
+        later page or mark says the messages before it were handled. Otherwise the
+        skipped page would come after pages that its partition's later pages let go. A
+        page at or below the partition's last page offset is a redelivery, or the skipped
+        message read again: it counts, and clears held pages, but is no later page."""
         self.partitions = max(self.partitions, partitions)
         prog = self.progress.setdefault(partition, Progress())
-        if offset <= prog.last_page:
-            return False
+        below = offset if clear is None else clear
+        if offset <= prog.last_page:  # the page itself may be one that was skipped
+            before = prog.high
+            if below >= offset:
+                prog.count(order)
+            return prog.clear(below) or prog.high != before
         prog.last_page = offset
-        prog.high = order if prog.high is None else max(prog.high, order)
+        if below >= offset:
+            prog.count(order)
+        else:
+            prog.held.append([offset, order])
+        prog.clear(below)
         return True
 
     def add(self, key: Key, arrived: float = -math.inf) -> bool:
@@ -151,9 +189,10 @@ class Sequencer:
             prog = self.progress.setdefault(mark.partition, Progress())
             if mark.through < prog.through:
                 continue
+            cleared = prog.clear(mark.through)
             # (a time replaces the infinity of marks stored before marks had one)
             vouched = at if prog.vouched == math.inf else max(prog.vouched, at)
-            if mark.through == prog.through and vouched == prog.vouched:
+            if mark.through == prog.through and vouched == prog.vouched and not cleared:
                 continue
             prog.through, prog.vouched = mark.through, vouched
             changed.append(mark.partition)

@@ -301,7 +301,7 @@ class DecideStage:
 
     def _accept_page(self, msg: PageMsg) -> list[Emit]:
         a = msg.page
-        if self.sequencer.observe(msg.partition, msg.offset, msg.partitions, a.order):
+        if self.sequencer.observe(msg.partition, msg.offset, msg.partitions, a.order, msg.clear):
             self._save_progress([msg.partition])
         stored = self._stored(a.pid)
         key: Key = (a.order, a.page.page_id)

@@ -92,6 +92,9 @@ class PageMsg:
     partitions: int  # the raw topic's partition count as the sender saw it
     page: Analysed
     timestamp: float = 0.0  # the raw message's timestamp, seconds since the epoch
+    #: Every message of the partition below this offset had been handled by the sender
+    #: (None: every one below ``offset``; ``worker.kafka.sequence`` holds the page if not).
+    clear: int | None = None
     #: The page as it was read (``analysed_to_json``), kept to be stored without encoding
     #: it again.
     as_read: dict[str, Any] | None = field(default=None, compare=False, repr=False)
@@ -185,6 +188,7 @@ def _body(msg: AnyMsg) -> dict[str, Any]:  # noqa: PLR0911 - one branch per type
             "o": msg.offset,
             "n": msg.partitions,
             "ts": msg.timestamp,
+            **({"c": msg.clear} if msg.clear is not None else {}),
             "a": analysed_to_json(msg.page),
         }
     if isinstance(msg, MarksMsg):
@@ -233,6 +237,7 @@ def _from(obj: dict[str, Any]) -> AnyMsg:  # noqa: PLR0911 - one branch per type
             int(obj["n"]),
             analysed_from_json(obj["a"]),
             float(obj.get("ts", 0.0)),
+            None if obj.get("c") is None else int(obj["c"]),
             obj["a"],
         )
     if t == "marks":
