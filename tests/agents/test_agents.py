@@ -242,6 +242,8 @@ class _BacklogConsumer:
         self.other = TP("elsewhere", 0)
         self.paused: set[Any] = set()
         self._thread = self
+        self._committed_offset = {TP(worker.names.raw, 0): 5}
+        self.sought: dict[Any, int] = {}
 
     def _new_topicpartition(self, topic: str, partition: int) -> Any:
         from faust.types import TP
@@ -255,7 +257,10 @@ class _BacklogConsumer:
         return {tp: self.end for tp in tps if tp == self.seq}
 
     async def earliest_offsets(self, *tps: Any) -> dict[Any, int]:
-        return {tp: self.earliest for tp in tps if tp == self.seq}
+        return {tp: self.earliest for tp in tps}
+
+    async def seek(self, tp: Any, offset: int) -> None:
+        self.sought[tp] = offset
 
     def _ensure_consumer(self) -> Any:
         return self
@@ -287,9 +292,11 @@ def test_a_worker_pauses_its_raw_partitions_while_the_sequencer_is_behind(
         consumer.done = 1400  # 1,100 waiting: above half the limit, still paused
         await worker.admit()
         assert consumer.paused == consumer.raw
-        consumer.done = 1500  # 1,000: resume
+        consumer.done = 1500  # 1,000: resume, reading again from the committed offsets
+        assert consumer.sought == {}
         await worker.admit()
         assert consumer.paused == set() and not worker.paused
+        assert consumer.sought == {tp: 5 if tp.partition == 0 else 0 for tp in consumer.raw}
         consumer.done = None  # no commit yet: counted from the earliest offset
         await worker.admit()
         assert worker.backlog == 2500 and consumer.paused == consumer.raw

@@ -412,7 +412,9 @@ class Worker:
             {tp.partition: earliest.get(tp) for tp in tps},
         )
         self.metrics.lag.update(lag)
-        if marks:
+        # none while paused (``admit``): marks are sequencer messages too, and a steady
+        # flow of them behind slow commits could keep the backlog from ever draining
+        if marks and not self.paused:
             msg = wire.MarksMsg(self.raw_partitions(), tuple(marks), at)
             await self.send(self.sequence, None, wire.encode(msg), None)
 
@@ -446,6 +448,7 @@ class Worker:
             consumer.pause_partitions(raw)  # again each tick: partitions assigned since
         elif self.paused:
             consumer.resume_partitions(raw)
+            await self._read_again(raw)
         if paused != self.paused:
             self.pauses += paused
             log.info(
@@ -455,6 +458,23 @@ class Worker:
                 limit,
             )
         self.paused = paused
+
+    async def _read_again(self, tps: list[Any]) -> None:
+        """After a pause: read ``tps`` again from their committed offsets. Faust's fetch
+        loop drops the rest of a fetched batch for a partition paused while it hands the
+        batch out, and the consumer's position has moved past those records: without a
+        seek they would never come (measured: the slow-downstream test stalled). What is
+        read twice is answered twice, identically."""
+        consumer: Any = self.app.consumer
+        unknown = [tp for tp in tps if consumer._committed_offset.get(tp) is None]
+        earliest = await consumer.earliest_offsets(*unknown) if unknown else {}
+        for tp in tps:
+            offset = consumer._committed_offset.get(tp)
+            if offset is None:
+                offset = earliest.get(tp)
+            if offset is not None:
+                await consumer.seek(tp, int(offset))
+                self.sought[tp] = int(offset)
 
     async def unstick(self) -> None:
         """Read a partition again from its committed offset when a message that no agent
