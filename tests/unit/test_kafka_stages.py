@@ -4,6 +4,7 @@ against the sequential engine — all without a broker."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 from collections.abc import Iterator
@@ -184,6 +185,26 @@ def test_a_page_waits_for_fresh_marks_only_so_long_then_the_last_ones_count() ->
     seq.observe(0, 25, 2, 20)
     seq.add((20, "y"), arrived=140.0)
     assert list(seq.release()) == [(20, "y")] and seq.late == 1
+
+
+def test_a_page_held_back_a_minute_is_logged_with_the_partitions_that_hold_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stage = DecideStage(ScanMemoryKV(), CFG)
+    stage.load()
+    now = [100.0]
+    stage.sequencer.clock = lambda: now[0]
+    stage.arrived = 100.0
+    stage.accept(wire.PageMsg(1, 0, 2, _analysed(gold_stream()[0][0])))
+    marks = wire.MarksMsg(2, (wire.Mark(1, 1),), 100.5)  # partition 0 never heard from
+    with caplog.at_level(logging.WARNING, logger="worker.kafka.stage"):
+        stage.accept(marks)
+        assert not caplog.records and stage.sequencer.blocking() == [0]
+        now[0] = 161.0
+        stage.accept(marks)
+        stage.accept(marks)  # not again within the minute
+    (record,) = caplog.records
+    assert "waited 61 s" in record.getMessage() and "{0: None}" in record.getMessage()
 
 
 def test_marks_and_progress_stored_before_marks_had_a_time_vouch_for_every_page() -> None:

@@ -473,8 +473,7 @@ class Worker:
             if offset is None:
                 offset = earliest.get(tp)
             if offset is not None:
-                await consumer.seek(tp, int(offset))
-                self.sought[tp] = int(offset)
+                await self._seek(tp, int(offset))
 
     async def unstick(self) -> None:
         """Read a partition again from its committed offset when a message that no agent
@@ -505,8 +504,15 @@ class Worker:
             )
             self.rereads += 1
             self.stuck[tp] = (offset, now)  # not again before STUCK_S more
-            await consumer.seek(tp, offset)
-            self.sought[tp] = offset
+            await self._seek(tp, offset)
+
+    async def _seek(self, tp: Any, offset: int) -> None:
+        """Seek ``tp`` to ``offset``; the next ``unstick`` puts the fetch loop's read
+        offset back to it if a batch from before the seek moved it on
+        (``faustfix.read_from``)."""
+        consumer: Any = self.app.consumer
+        await consumer.seek(tp, offset)
+        self.sought[tp] = offset
 
     # -- plumbing --------------------------------------------------------------------
 

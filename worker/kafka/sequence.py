@@ -177,10 +177,6 @@ class Sequencer:
         heapq.heappush(self._heap, key)
         return True
 
-    def arrived(self, key: Key) -> float:
-        """When the pending page ``key`` reached the sequencer topic."""
-        return self._pending[key]
-
     def on_marks(self, partitions: int, marks: Iterable[Mark], at: float = math.inf) -> list[int]:
         """Apply marks made at ``at``; returns the partitions whose progress changed."""
         self.partitions = max(self.partitions, partitions)
@@ -198,21 +194,22 @@ class Sequencer:
             changed.append(mark.partition)
         return changed
 
-    def _may_release(self, key: Key) -> bool:
-        if self.partitions == 0:
-            return False
+    def _blockers(self, key: Key) -> Iterator[int]:
+        """The partitions that can still deliver a page at or before ``key``."""
         order, arrived = key[0], self._pending[key]
         # waited long enough for fresh marks: the last ones are taken as they are
         stale_ok = self.clock() - arrived >= self.wait
         for p in range(self.partitions):
             prog = self.progress.get(p)
             if prog is None:
-                return False
-            if prog.high is not None and prog.high > order:
+                yield p
+            elif prog.high is not None and prog.high > order:
                 continue
-            if not prog.drained or (prog.vouched < arrived and not stale_ok):
-                return False
-        return True
+            elif not prog.drained or (prog.vouched < arrived and not stale_ok):
+                yield p
+
+    def _may_release(self, key: Key) -> bool:
+        return self.partitions > 0 and next(self._blockers(key), None) is None
 
     def peek(self) -> Key | None:
         """The next key that may be released now, without releasing it."""
@@ -238,17 +235,12 @@ class Sequencer:
             yield self.pop()
 
     def blocking(self) -> list[int]:
-        """Partitions that hold back the next pending page (for logs and metrics)."""
+        """Partitions that hold back the next pending page (for the stall log)."""
+        return list(self._blockers(self._heap[0])) if self._heap else []
+
+    def waiting(self) -> float:
+        """Seconds the next pending page has been waiting (0: none)."""
         if not self._heap:
-            return []
-        key = self._heap[0]
-        order, arrived = key[0], self._pending[key]
-        return [
-            p
-            for p in range(self.partitions)
-            if (prog := self.progress.get(p)) is None
-            or (
-                (prog.high is None or prog.high <= order)
-                and (not prog.drained or prog.vouched < arrived)
-            )
-        ]
+            return 0.0
+        arrived = self._pending[self._heap[0]]
+        return max(0.0, self.clock() - arrived) if math.isfinite(arrived) else 0.0

@@ -54,6 +54,9 @@ _MERGES = b"\x01G"  # + pid -> the merges the page's decision caused (JSON list)
 # message, whose outputs may not have reached the broker yet (see ``DecideStage.confirm``)
 _OUTBOX = b"\x01O"
 
+#: A pending page that has waited this long is logged with what holds it back.
+PENDING_STALLED_S = 60.0
+
 Topic = Literal["decisions", "merges", "rejects", "probes", "records"]
 
 
@@ -172,6 +175,8 @@ class DecideStage:
         #: When the sequencer message being handled reached its topic (its Kafka
         #: timestamp, set by the agent with ``offset``; -inf: unknown).
         self.arrived = -math.inf
+        #: When ``_log_stalled`` last logged (monotonic seconds).
+        self._stall_logged = -math.inf
         #: Outbox keys written in this run, in offset order, not yet confirmed.
         self.unconfirmed: deque[bytes] = deque()
         #: Called with the seconds each page took in the stateful stages (the metrics).
@@ -281,6 +286,7 @@ class DecideStage:
                 self._save_progress(changed)
                 self.journal.apply(0)
             out += self.resend_stalled()  # marks come every few hundred ms: a clock
+            self._log_stalled()
         elif isinstance(msg, PageMsg):
             out += self._accept_page(msg)
         else:
@@ -290,6 +296,28 @@ class DecideStage:
     def resend_stalled(self) -> list[Emit]:
         """What to send again for work that waits too long (nothing here)."""
         return []
+
+    def _log_stalled(self) -> None:
+        """A ``WARNING`` (at most once a ``PENDING_STALLED_S``) naming the raw partitions
+        that hold the next pending page back, once it has waited that long."""
+        seq = self.sequencer
+        waited = seq.waiting()
+        now = time.monotonic()
+        if waited < PENDING_STALLED_S or now - self._stall_logged < PENDING_STALLED_S:
+            return
+        self._stall_logged = now
+        held_back = {
+            p: (prog.last_page, prog.high, prog.through, prog.vouched, len(prog.held))
+            if (prog := seq.progress.get(p)) is not None
+            else None
+            for p in seq.blocking()
+        }
+        log.warning(
+            "the next pending page has waited %.0f s; raw partitions holding it back "
+            "(last page offset, greatest order, marked through, mark time, held pages): %s",
+            waited,
+            held_back,
+        )
 
     def _in_progress(self, key: Key) -> bool:
         """Whether the page ``key`` was released and is still being decided."""
