@@ -75,9 +75,9 @@ class Settings(BaseSettings):
     #: sends no marks until its partitions have a new owner; this bounds the stall.
     order_wait_ms: int = Field(default=60_000, ge=0, le=86_400_000)
     #: Messages in the sequencer topic not yet committed by the sequencer above which
-    #: every worker stops reading raw pages, until they are down to half (NEARDUP_MAX_BACKLOG;
-    #: 0: never). It puts the pages already analysed before new ones when the broker or a
-    #: quota is the bottleneck.
+    #: the worker that runs it stops reading raw pages, until they are down to half
+    #: (NEARDUP_MAX_BACKLOG; 0: never). It puts the pages already analysed before new
+    #: ones when the broker or a quota is the bottleneck.
     max_backlog: int = Field(default=2000, ge=0, le=10_000_000)
     #: Standby replicas of the state tables on other workers (NEARDUP_STANDBY_REPLICAS).
     standby_replicas: int = Field(default=1, ge=0, le=8)

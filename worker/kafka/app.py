@@ -68,8 +68,6 @@ PRODUCER_BATCH_BYTES = 1 << 20
 #: How long a message that no agent took may hold a partition's commits back before the
 #: partition is read again from it (``Worker.unstick``).
 STUCK_S = 10.0
-#: How long ``Worker.admit`` waits for the group coordinator's committed offset.
-ADMIT_WAIT_S = 5.0
 #: How often the analyse agent looks again while the raw pages are paused.
 PAUSED_POLL_S = 0.05
 
@@ -422,26 +420,28 @@ class Worker:
         """Pause this worker's raw partitions while the sequencer topic holds more than
         ``max_backlog`` messages the sequencer has not committed, and resume them once it
         is down to half (``stage.backlogged``). The analyse agent waits meanwhile, with
-        the pages it has fetched already. Every worker looks at the same backlog, so they
-        pause together whichever of them runs the sequencer. (Pages pending in the
+        the pages it has fetched already. Only the worker that runs the sequencer knows
+        the backlog without asking the group coordinator, so only it pauses: asking from
+        a timer went through Faust's consumer thread, where a call that hangs (the
+        coordinator moving in a rebalance) holds every fetch back. (Pages pending in the
         sequencer do not count: they may be waiting for the very partitions paused.)"""
         limit = self.settings.max_backlog
         if limit <= 0 or self.app.rebalancing:
             return
         consumer: Any = self.app.consumer
         tp = consumer._new_topicpartition(self.names.sequence, 0)
-        try:
-            ends = await consumer.highwaters(tp)
-            done = await asyncio.wait_for(faustfix.group_committed(consumer, tp), ADMIT_WAIT_S)
-            if done is None:
-                done = (await consumer.earliest_offsets(tp)).get(tp)
-        except Exception as exc:  # no answer now: keep the state, look again next tick
-            log.debug("sequencer backlog unknown: %r", exc)
-            return
-        end = ends.get(tp)
-        if end is None or done is None:
-            return
-        self.backlog = max(0, int(end) - int(done))
+        if tp not in consumer.assignment():
+            self.backlog = 0  # not this worker's: no pause (see above)
+        else:
+            done = consumer._committed_offset.get(tp)
+            try:
+                end = (await consumer.highwaters(tp)).get(tp) if done is not None else None
+            except Exception as exc:  # no answer now: keep the state, look again next tick
+                log.debug("sequencer backlog unknown: %r", exc)
+                return
+            if end is None or done is None:
+                return
+            self.backlog = max(0, int(end) - int(done))
         paused = backlogged(self.backlog, self.paused, limit)
         raw = [t for t in consumer.assignment() if t.topic == self.names.raw]
         if paused:

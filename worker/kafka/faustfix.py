@@ -240,14 +240,6 @@ def handled_below(consumer: Any, tp: Any, offset: int) -> int:
     return at
 
 
-async def group_committed(consumer: Any, tp: Any) -> int | None:
-    """The offset the consumer group committed for ``tp``, whichever worker owns it (a
-    request to the group coordinator, in Faust's consumer thread); None: none yet."""
-    thread = consumer._thread
-    offset = await thread.call_thread(thread._ensure_consumer().committed, tp)
-    return None if offset is None else int(offset)
-
-
 async def acked_when_done(
     stream: Any, events: list[Any], handle: Callable[[list[Any]], Awaitable[None]]
 ) -> None:
