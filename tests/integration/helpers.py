@@ -502,7 +502,34 @@ class Deployment:
                 raise AssertionError(f"worker {dead[0].log.name} died:\n{dead[0].tail(40)}")
             return condition()
 
-        wait_for(check, timeout, what)
+        try:
+            wait_for(check, timeout, what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.where()}") from None
+
+    def where(self) -> str:
+        """Where each live worker is (``worker.kafka.dump``: SIGUSR1, answered in its
+        log), for a failure that a worker went quiet."""
+        live = [w for w in self.workers if w.alive()]
+        sizes = {}
+        for w in live:
+            sizes[w.log] = w.log.stat().st_size
+            assert w.proc is not None
+            w.proc.send_signal(signal.SIGUSR1)
+        time.sleep(3)
+        parts = []
+        for w in live:
+            with w.log.open("rb") as fh:
+                fh.seek(sizes[w.log])
+                text = fh.read().decode(errors="replace")
+            at = text.find("SIGUSR1: where the worker is")
+            said = (
+                "\n".join(text[at:].splitlines()[:250])
+                if at >= 0
+                else "(no answer: its event loop is blocked?)"
+            )
+            parts.append(f"--- {w.log.name}, where it is\n{said}")
+        return "\n".join(parts)
 
     def decisions(self) -> list[dict[str, Any]]:
         return self.collector.get(self.names.decisions)

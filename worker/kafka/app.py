@@ -39,7 +39,7 @@ from typing import Any, cast
 import faust
 
 from worker.engine import Stats
-from worker.kafka import faustfix, wire
+from worker.kafka import dump, faustfix, wire
 from worker.kafka.http import serve
 from worker.kafka.metrics import Metrics
 from worker.kafka.route import ProbeCounts, RoutedStage, index_for, probe_store, records_store
@@ -222,6 +222,11 @@ class Worker:
         cast(Any, app.on_before_shutdown).connect(before_shutdown)
         if serve_http:
             app.task(http_task)
+        app.task(self._install_dump)
+
+    async def _install_dump(self) -> None:
+        # after mode's own signal handlers: the worker installs them before its app starts
+        dump.install(asyncio.get_running_loop(), self.describe)
 
     def _timers(self, interval: float) -> None:
         async def marks_timer() -> None:
@@ -513,6 +518,39 @@ class Worker:
         consumer: Any = self.app.consumer
         await consumer.seek(tp, offset)
         self.sought[tp] = offset
+
+    def describe(self) -> str:
+        """For ``dump``: each assigned partition's offsets as the consumer sees them, the
+        streams' queues, and the backpressure and sequencer state."""
+        consumer: Any = self.app.consumer
+        taken = [(m.tp, m.offset) for m in list(consumer.unacked)]
+        lines = [
+            f"worker: rebalancing={self.app.rebalancing} flow_active={consumer.flow_active} "
+            f"paused={self.paused} backlog={self.backlog} pending={len(self.stage.sequencer)} "
+            f"waiting={self.stage.sequencer.waiting():.1f}s "
+            f"blocking={sorted(self.stage.sequencer.blocking())}",
+            "partitions (committed, committing, read, highwater, acked, taken, paused, active):",
+        ]
+        committing = getattr(consumer, "_neardup_committing", None) or {}
+        for tp in sorted(consumer.assignment()):
+            try:
+                end = consumer.highwater(tp)
+            except Exception:
+                end = None
+            acked = consumer._acked.get(tp) or []
+            held = sorted(o for t, o in taken if t == tp)
+            lines.append(
+                f"  {tp.topic}[{tp.partition}]: {consumer._committed_offset.get(tp)}, "
+                f"{committing.get(tp)}, {consumer._read_offset.get(tp)}, {end}, "
+                f"{len(acked)} from {min(acked) if acked else None}, "
+                f"{len(held)} from {held[0] if held else None}, "
+                f"{tp in consumer._paused_partitions}, {tp in consumer._active_partitions}"
+            )
+        conductor: Any = self.app.topics
+        for topic, channels in sorted(conductor._topic_name_index.items()):
+            sizes = [channel.queue.qsize() for channel in list(channels)]
+            lines.append(f"  queue {topic}: {sizes}")
+        return "\n".join(lines)
 
     # -- plumbing --------------------------------------------------------------------
 

@@ -1,0 +1,61 @@
+"""``worker.kafka.dump``: where the threads and tasks of a quiet worker are."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+
+import pytest
+
+from worker.kafka import dump
+
+
+def test_report_names_each_thread_and_each_task_where_it_waits() -> None:
+    release = threading.Event()
+    parked = threading.Thread(target=release.wait, name="parked-thread")
+    parked.start()
+
+    async def waits_on_a_queue(q: asyncio.Queue[int]) -> None:
+        await q.get()
+
+    async def scene() -> str:
+        q: asyncio.Queue[int] = asyncio.Queue()
+        task = asyncio.create_task(waits_on_a_queue(q), name="the-waiter")
+        await asyncio.sleep(0)
+        text = dump.report()
+        task.cancel()
+        return text
+
+    try:
+        text = asyncio.run(scene())
+    finally:
+        release.set()
+        parked.join()
+    threads, tasks = text.split("tasks of the main loop:")
+    assert "thread parked-thread" in threads
+    assert "wait" in threads.split("thread parked-thread")[1].split("thread ")[0]
+    waiter = tasks.split("task the-waiter ")[1].split("  task ")[0]
+    assert waiter.startswith(waits_on_a_queue_name())
+    assert "test_dump.py" in waiter  # the frame it is suspended in
+
+
+def waits_on_a_queue_name() -> str:
+    return "test_report_names_each_thread_and_each_task_where_it_waits.<locals>.waits_on_a_queue"
+
+
+def test_sigusr1_logs_the_report(caplog: pytest.LogCaptureFixture) -> None:
+    async def scene() -> None:
+        dump.install(asyncio.get_running_loop())
+        os.kill(os.getpid(), signal.SIGUSR1)
+        for _ in range(100):
+            if any("SIGUSR1" in r.getMessage() for r in caplog.records):
+                return
+            await asyncio.sleep(0.01)
+
+    with caplog.at_level(logging.WARNING, logger="worker.kafka"):
+        asyncio.run(scene())
+    said = [r.getMessage() for r in caplog.records if "SIGUSR1" in r.getMessage()]
+    assert said and "tasks of the main loop:" in said[0]
