@@ -180,20 +180,32 @@ def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
     asyncio.run(run())
 
 
-def produce(bootstrap: str, topic: str, values: Iterable[bytes]) -> None:
-    """Produce ``values`` in order (keyed by URL) and wait until all are acknowledged."""
+def produce(bootstrap: str, topic: str, values: Iterable[bytes], *, transaction: int = 0) -> None:
+    """Produce ``values`` in order (keyed by URL) and wait until all are acknowledged;
+    ``transaction``: in transactions of that many messages each (the broker writes a
+    commit marker after each one, at an offset of its own that holds no message)."""
     from aiokafka import AIOKafkaProducer
 
     async def run() -> None:
         producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, max_request_size=32 * 1024 * 1024, linger_ms=5
+            bootstrap_servers=bootstrap,
+            max_request_size=32 * 1024 * 1024,
+            linger_ms=5,
+            transactional_id=f"it-{uuid.uuid4().hex[:10]}" if transaction else None,
         )
         await producer.start()
         try:
-            futures = [await producer.send(topic, v, key=message_key(v)) for v in values]
-            await producer.flush()
-            for f in futures:
-                await f
+            if not transaction:
+                futures = [await producer.send(topic, v, key=message_key(v)) for v in values]
+                await producer.flush()
+                for f in futures:
+                    await f
+                return
+            items = list(values)
+            for at in range(0, len(items), transaction):
+                async with producer.transaction():
+                    for v in items[at : at + transaction]:
+                        await producer.send(topic, v, key=message_key(v))
         finally:
             await producer.stop()
 
@@ -490,8 +502,8 @@ class Deployment:
         self.workers.append(w)
         return w
 
-    def produce(self, values: Iterable[bytes]) -> None:
-        produce(self.bootstrap, self.names.raw, values)
+    def produce(self, values: Iterable[bytes], *, transaction: int = 0) -> None:
+        produce(self.bootstrap, self.names.raw, values, transaction=transaction)
 
     def wait(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
         """``wait_for``, failing at once if a worker that should run has died."""

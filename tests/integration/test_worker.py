@@ -7,6 +7,7 @@ Every test has topics and an app id of its own, and waits on conditions with dea
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -145,3 +146,30 @@ def test_bad_messages_go_to_the_dead_letter_topic_and_the_endpoint_answers(
     metrics = _metrics(w)
     assert 'neardup_rejects_total{reason="bad_json"} 1.0' in metrics
     assert "neardup_stage_latency_seconds_bucket" in metrics
+
+
+def test_a_crawler_writing_in_transactions_has_every_page_decided_and_its_markers_passed(
+    deploy: Any, tmp_path: Path
+) -> None:
+    """A transactional producer leaves a commit marker after each transaction, at an
+    offset with no message. The worker asks the broker which offsets those are
+    (``worker.kafka.absent``) and commits past them, the last one included: the raw
+    partitions drain (lag 0), and every page is decided as ``neardup dedup`` decides it."""
+    values = stream(range(1, 4))
+    ref = reference(values, tmp_path)
+    d = deploy(2)
+    d.produce(values, transaction=5)
+    w = d.worker(0).start()
+    d.wait(lambda: _all_out(ref, d), DEADLINE, "every page decided or dead-lettered")
+    _check_against(ref, d)
+
+    def drained() -> bool:
+        text = w.fetch("/metrics")[1]
+        lags = re.findall(r'^neardup_consumer_lag\{partition="\d+"\} (\S+)$', text, re.M)
+        absent = re.search(r"^neardup_absent_offset_runs_total (\S+)$", text, re.M)
+        return len(lags) == 2 and all(float(x) == 0 for x in lags) and absent is not None
+
+    d.wait(drained, DEADLINE, "both raw partitions drained, their last markers passed")
+    text = w.fetch("/metrics")[1]
+    runs = re.search(r"^neardup_absent_offset_runs_total (\S+)$", text, re.M)
+    assert runs is not None and float(runs.group(1)) >= 2  # at least one a partition

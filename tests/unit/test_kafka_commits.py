@@ -139,18 +139,31 @@ def test_a_message_no_stream_took_is_never_acknowledged() -> None:
     assert _new_offset(consumer_state) is None
 
 
-def test_a_gap_is_the_offsets_between_and_may_start_at_the_committed_offset() -> None:
+def test_faust_guessing_a_gap_is_not_taken_only_the_brokers_word() -> None:
+    """Faust takes a jump in the offsets its fetch loop sees for offsets the topic lacks.
+    After a seek a batch fetched before it jumps (the join-then-kill test lost pages 14
+    to 28 so): the guess is not taken. ``mark_absent`` (what the broker said) is."""
     from faust.transport.consumer import Consumer
+
+    from worker.kafka.faustfix import mark_absent
 
     strict_commits()
     add_gap: Any = Consumer._add_gap
+    c = _Consumer(13, [29])
+    asyncio.run(add_gap(c, "tp", 14, 29))  # seek to 13, then 29 from an older batch
+    assert not c._gap["tp"]
+    assert _new_offset(c) is None  # 13-28 were never handled: no commit
     c = _Consumer(10, [12])
-    asyncio.run(add_gap(c, "tp", 10, 12))  # a transaction marker at 10 and 11, record 12
+    mark_absent(c, "tp", 10, 12)  # a transaction marker at 10 and 11, record 12
     assert sorted((i.begin, i.end) for i in c._gap["tp"]) == [(10, 12)]
     assert _new_offset(c) == 13
+    c = _Consumer(20, [])
+    mark_absent(c, "tp", 20, 21)  # the marker after a partition's last transaction
+    assert _new_offset(c) == 21  # committed past with nothing acknowledged after it
+    assert not c._gap["tp"] and _new_offset(c) is None
     c = _Consumer(10, [])
-    asyncio.run(add_gap(c, "tp", 5, 8))  # below the committed offset: nothing
-    asyncio.run(add_gap(c, "tp", 11, 11))  # nothing between
+    mark_absent(c, "tp", 5, 8)  # below the committed offset: nothing
+    mark_absent(c, "tp", 11, 11)  # nothing between
     assert not c._gap["tp"]
 
 
@@ -162,7 +175,7 @@ def test_a_partition_held_back_by_a_message_no_stream_took_is_found() -> None:
 
     from worker.kafka.faustfix import stuck_partitions
 
-    a, b, c, d, e, f, g, h = (TP(name, 0) for name in "abcdefgh")
+    a, b, c, d, e, f, g, h, i, j = (TP(name, 0) for name in "abcdefghij")
 
     class Taken:
         def __init__(self, tp: TP, offset: int) -> None:
@@ -172,11 +185,12 @@ def test_a_partition_held_back_by_a_message_no_stream_took_is_found() -> None:
         def __init__(self) -> None:
             self._acked = {a: [11, 12], b: [21], c: [31], d: [40, 41], e: [51]}
             self._acked_index = {tp: set(v) for tp, v in self._acked.items()}
-            parts = [a, b, c, d, e, f, g, h]
-            self._committed_offset = dict(zip(parts, range(10, 90, 10), strict=True))
+            parts = [a, b, c, d, e, f, g, h, i, j]
+            self._committed_offset = dict(zip(parts, range(10, 110, 10), strict=True))
             self._gap = {c: IntervalTree.from_tuples([(30, 31)])}
-            self._read_offset = {f: 63, g: 70, h: 80}
-            self.ends = {f: 64, g: 70, h: 90}
+            self._read_offset = {f: 63, g: 70, h: 80, i: 89, j: 99}
+            self.ends = {f: 64, g: 70, h: 90, i: 91, j: 101}
+            self._paused_partitions = {j}
             self.unacked = {Taken(b, 20)}
             self.parts = parts
 
@@ -189,14 +203,17 @@ def test_a_partition_held_back_by_a_message_no_stream_took_is_found() -> None:
     # a: 10 never taken, 11 and 12 acked (stuck); b: 20 in progress; c: 30 is absent
     # from the topic; d: the run starts at the committed offset; e: 50 never taken
     # (stuck); f: 60 read past, nothing in progress and no stream waits (stuck); g: read
-    # up to its end, nothing there (idle, not stuck); h: 80 read and queued for a stream
+    # up to its end, nothing there (idle, not stuck); h: 80 read and queued for a stream;
+    # i: all read handled, but the end is past 90, which was never read (a transaction
+    # marker, or a message not fetched yet: stuck, the caller asks the broker); j: as i,
+    # but paused (not fetched on purpose: not stuck)
     state = State()
     found = stuck_partitions(state, lambda topic: topic != "h")
-    assert found == {a: 10, e: 50, f: 60}
+    assert found == {a: 10, e: 50, f: 60, i: 90}
     # a commit in progress took a's offsets out of the acknowledged ones and has not yet
     # recorded the new committed offset (the producer's flush is slow): not stuck
     state._neardup_committing = {a: 13}  # type: ignore[attr-defined]
-    assert stuck_partitions(state, lambda topic: topic != "h") == {e: 50, f: 60}
+    assert stuck_partitions(state, lambda topic: topic != "h") == {e: 50, f: 60, i: 90}
 
 
 def test_a_page_says_below_which_offset_every_message_was_handled() -> None:
@@ -213,3 +230,12 @@ def test_a_page_says_below_which_offset_every_message_was_handled() -> None:
     assert handled_below(c, "tp", 13) == 13
     assert handled_below(_Consumer(None, []), "tp", 5) == 5  # no commit known: trusted
     assert handled_below(_Consumer(20, []), "tp", 5) == 20  # a copy of a committed one
+
+
+def test_runs_missing_are_the_offsets_with_no_message_up_to_the_stop() -> None:
+    from worker.kafka.absent import runs_missing
+
+    assert runs_missing([10, 11, 13, 16], 10, 18) == [(12, 13), (14, 16), (17, 18)]
+    assert runs_missing([], 5, 7) == [(5, 7)]  # markers only
+    assert runs_missing([5, 6, 9], 5, 7) == []  # past the stop: not asked
+    assert runs_missing([7], 5, 8) == [(5, 7)]

@@ -40,10 +40,11 @@ import faust
 
 from worker.engine import Stats
 from worker.kafka import dump, faustfix, wire
+from worker.kafka.absent import Absent
 from worker.kafka.http import serve
 from worker.kafka.metrics import Metrics
 from worker.kafka.route import ProbeCounts, RoutedStage, index_for, probe_store, records_store
-from worker.kafka.security import faust_credentials
+from worker.kafka.security import aiokafka_kwargs, faust_credentials
 from worker.kafka.stage import DecideStage, Emit, analyse_message, backlogged, drained
 from worker.kafka.tablekv import Changelog, TableKV, event_context
 from worker.kafka.topics import (
@@ -68,6 +69,9 @@ PRODUCER_BATCH_BYTES = 1 << 20
 #: How long a message that no agent took may hold a partition's commits back before the
 #: partition is read again from it (``Worker.unstick``).
 STUCK_S = 10.0
+#: How long a partition may be held back at an offset before the broker is asked whether
+#: the offset holds a message at all (``Worker.unstick``, ``worker.kafka.absent``).
+GAP_CHECK_S = 1.0
 #: How often the analyse agent looks again while the raw pages are paused.
 PAUSED_POLL_S = 0.05
 
@@ -134,12 +138,7 @@ class Worker:
         self.cfg = settings.engine_config()
         self.names = TopicNames.of(settings)
         self.routed = settings.topology == "routed"
-        #: Partitions seen stuck (``faustfix.stuck_partitions``): offset, since when.
-        self.stuck: dict[Any, tuple[int, float]] = {}
-        #: Partitions read again from a stuck offset.
-        self.rereads = 0
-        #: Those sought on the last tick, and to what offset.
-        self.sought: dict[Any, int] = {}
+        self._init_unstick(settings)
         #: Whether this worker holds its raw partitions paused (``admit``), how often it
         #: paused them, and the sequencer topic's backlog when last looked at.
         self.paused = False
@@ -210,6 +209,7 @@ class Worker:
 
         async def before_shutdown(sender: Any, *args: Any, **kwargs: Any) -> None:
             self.ready = False
+            await self.absent.close()
 
         self.analyse_agent = self._agent(self.raw, "neardup.analyse", analyse_agent)
         self.sequence_agent = self._agent(self.sequence, "neardup.sequence", sequence_agent)
@@ -223,6 +223,21 @@ class Worker:
         if serve_http:
             app.task(http_task)
         app.task(self._install_dump)
+
+    def _init_unstick(self, settings: Settings) -> None:
+        #: Partitions seen stuck (``faustfix.stuck_partitions``): offset, since when.
+        self.stuck: dict[Any, tuple[int, float]] = {}
+        #: Partitions read again from a stuck offset: how many times, and last from
+        #: which offset and when.
+        self.rereads = 0
+        self.reread: dict[Any, tuple[int, float]] = {}
+        #: Those sought on the last tick, and to what offset.
+        self.sought: dict[Any, int] = {}
+        #: Stuck partitions whose offset the broker said holds a message, and that offset.
+        self.present: dict[Any, int] = {}
+        #: Runs of offsets the broker said hold no message (``mark_absent``).
+        self.absent_runs = 0
+        self.absent = Absent(settings.brokers, aiokafka_kwargs(settings))
 
     async def _install_dump(self) -> None:
         # after mode's own signal handlers: the worker installs them before its app starts
@@ -481,13 +496,18 @@ class Worker:
                 await self._seek(tp, int(offset))
 
     async def unstick(self) -> None:
-        """Read a partition again from its committed offset when a message that no agent
-        took has held its commits back for ``STUCK_S`` (``faustfix.stuck_partitions``).
-        This is how a message Faust skipped around a rebalance, and never acknowledged,
-        comes back. What is read twice is answered twice, identically."""
+        """Free a partition whose commits are held back at an offset that no agent holds
+        (``faustfix.stuck_partitions``). After ``GAP_CHECK_S``, ask the broker which
+        offsets from there hold no message (transaction markers, compacted records) and
+        let the commits pass over those (``faustfix.mark_absent``). If the message is
+        there, it was dropped on the way (a message Faust skipped around a rebalance,
+        never acknowledged, or passed over as read when a batch fetched before a seek
+        came after it): read the partition again from it, at once if a later message was
+        handled, else after ``STUCK_S``. What is read twice is answered twice,
+        identically."""
         consumer: Any = self.app.consumer
         if self.app.rebalancing:
-            self.stuck, self.sought = {}, {}
+            self.stuck, self.sought, self.present, self.reread = {}, {}, {}, {}
             return
         faustfix.read_from(consumer, self.sought)  # the seeks of the last tick
         self.sought = {}
@@ -497,9 +517,19 @@ class Worker:
         for tp, offset in faustfix.stuck_partitions(consumer, idle).items():
             first = seen.get(tp)
             since = first[1] if first is not None and first[0] == offset else now
-            if now - since < STUCK_S:
-                self.stuck[tp] = (offset, since)
+            self.stuck[tp] = (offset, since)
+            if now - since < GAP_CHECK_S:
                 continue
+            if self.present.get(tp) != offset and not await self._pass_absent(tp, offset):
+                continue
+            # a message after it was handled: it was surely dropped (a stream takes a
+            # partition's messages in order); else it may only not be fetched yet
+            acked = consumer._acked.get(tp)
+            if not (acked and min(acked) > offset) and now - since < STUCK_S:
+                continue
+            last = self.reread.get(tp)
+            if last is not None and last[0] == offset and now - last[1] < STUCK_S:
+                continue  # read again from there already: give that time
             log.warning(
                 "partition %s[%d]: the message at offset %d was dropped before any agent "
                 "took it, and holds the commits back: reading the partition again from it",
@@ -508,8 +538,38 @@ class Worker:
                 offset,
             )
             self.rereads += 1
-            self.stuck[tp] = (offset, now)  # not again before STUCK_S more
+            self.reread[tp] = (offset, now)
             await self._seek(tp, offset)
+
+    async def _pass_absent(self, tp: Any, offset: int) -> bool:
+        """Ask the broker which offsets of ``tp`` from ``offset`` on hold no message, up
+        to the last one acknowledged (or the end). Returns whether ``offset`` holds one
+        (False also when the broker did not answer)."""
+        consumer: Any = self.app.consumer
+        acked = consumer._acked.get(tp)
+        try:
+            end = int(consumer.highwater(tp))
+        except Exception:
+            return False
+        stop = max(acked) + 1 if acked else end
+        runs = await self.absent.between(tp.topic, tp.partition, offset, stop)
+        if runs is None or tp not in consumer.assignment():
+            return False
+        for begin, until in runs:
+            faustfix.mark_absent(consumer, tp, begin, until)
+            self.absent_runs += 1
+            log.info(
+                "partition %s[%d]: offsets %d to %d hold no message (transaction markers or "
+                "compacted records): the commits pass over them",
+                tp.topic,
+                tp.partition,
+                begin,
+                until - 1,
+            )
+        if runs and runs[0][0] == offset:
+            return False
+        self.present[tp] = offset
+        return True
 
     async def _seek(self, tp: Any, offset: int) -> None:
         """Seek ``tp`` to ``offset``; the next ``unstick`` puts the fetch loop's read

@@ -10,6 +10,8 @@ all, once. They were found by tracing offsets through Faust under the fault test
 * ``no_skipped_acks``: a stream skips a message fetched while the flow was stopped or for
   an older generation (a rebalance; faust-streaming #221, #223), and *acknowledges* it, so
   that it was committed although no agent ever saw it.
+* ``strict_commits`` also takes no offset as absent (a gap, committed past) on Faust's
+  guess; only when the broker says so (``mark_absent``, ``worker.kafka.absent``).
 With them, a message a stream skipped is never committed; it holds its partition's
 commits back until it is read again. Faust seeks to the committed offsets at the end of
 a rebalance, but its fetch loop may go on with records fetched before that seek and
@@ -22,7 +24,6 @@ the consumer thread and stalled partitions, and was taken out.)
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -67,7 +68,8 @@ def tune_fetch() -> None:
 
 
 def strict_commits() -> None:
-    """Never commit past a message that was not acknowledged.
+    """Never commit past a message that was not acknowledged, nor past an offset taken
+    as absent on a guess.
 
     Faust's ``Consumer._new_offset`` commits the run of acknowledged offsets that starts
     at the smallest one, and only checks that this run starts where the last commit ended
@@ -75,50 +77,58 @@ def strict_commits() -> None:
     offset is committed past (faust-streaming issues #312, #606). This is the same
     function with the check made exact (``committed`` is the next offset to read, as
     Kafka's commits are). Offsets the topic does not have (transaction markers, compacted
-    records) are gaps, counted as acknowledged (see ``_add_gap``)."""
+    records) are gaps, counted as acknowledged; but only those the broker said it lacks
+    (``mark_absent``). Faust's ``_add_gap`` took any jump in what its fetch loop saw for
+    one: after a seek, a batch fetched before it jumps, and messages that exist were
+    committed past, never handled (the join-then-kill fault test lost pages so)."""
     from faust.transport import consumer as faust_consumer
-    from faust.utils.functional import consecutive_numbers
 
     def new_offset(self: Any, tp: Any) -> int | None:
         acked = self._acked[tp]
-        if not acked:
-            return None
+        index = self._acked_index[tp]
         gaps = self._gap[tp]
-        if gaps:
-            top = max(acked)
-            spans = sorted(gaps.overlap(0, top), key=lambda x: x.begin)
-            if spans:
-                filled: list[int] = []
-                for span in spans:
-                    filled.extend(range(span.begin, span.end))
-                acked.extend(filled)
-                gaps.chop(0, max(filled[-1], top + 1))
-        acked.sort()
         committed = self._committed_offset[tp]
-        if committed is not None and acked[0] > committed:
+        if committed is None and not acked:
+            return None
+        # from the committed offset (the next one to read), over acknowledged offsets
+        # and offsets that hold no message; none acknowledged past a trailing gap too
+        start = at = min(acked) if committed is None else int(committed)
+        while True:
+            if at in index:
+                at += 1
+            elif gaps and (spans := gaps[at]):
+                at = max(span.end for span in spans)
+            else:
+                break
+        if at == start:
             return None  # the message at the committed offset is not acknowledged yet
-        batch = next(consecutive_numbers(acked))
-        acked[: len(batch)] = []
-        self._acked_index[tp].difference_update(batch)
-        return int(batch[-1]) + 1
+        acked[:] = sorted(o for o in acked if o >= at)
+        index.difference_update([o for o in index if o < at])
+        if gaps:
+            gaps.chop(0, at)
+        return at
 
     async def add_gap(self: Any, tp: Any, offset_from: int, offset_to: int) -> None:
-        # Faust's own clamps at ``committed + 1`` and takes ``offset_to`` (the message
-        # that revealed the gap) in too: the offsets from ``offset_from`` up to, not
-        # including, ``offset_to`` are absent from the topic, and none below ``committed``
-        # matters
-        committed = self._committed_offset[tp]
-        if committed is not None:
-            offset_from = max(offset_from, committed)
-        if offset_from < offset_to:
-            gaps = self._gap[tp]
-            gaps.addi(offset_from, offset_to)
-            await asyncio.sleep(0)
-            gaps.merge_overlaps()
+        # Faust's guess that the offsets from ``offset_from`` up to ``offset_to`` are
+        # absent, from a jump in what its fetch loop saw: not taken (``mark_absent``)
+        log.debug("%s: Faust saw offsets %d to %d skipped", tp, offset_from, offset_to - 1)
 
     base = faust_consumer.Consumer
     _once(base, "_new_offset", new_offset)
     _once(base, "_add_gap", add_gap)
+
+
+def mark_absent(consumer: Any, tp: Any, begin: int, end: int) -> None:
+    """Offsets ``begin`` up to ``end`` of ``tp`` hold no message (the broker said so:
+    ``worker.kafka.absent``): commits pass over them, as over acknowledged ones."""
+    committed = consumer._committed_offset.get(tp)
+    if committed is not None:
+        begin = max(begin, int(committed))
+    if begin < end:
+        gaps = consumer._gap[tp]
+        gaps.addi(begin, end)
+        gaps.merge_overlaps()
+        consumer._acked.setdefault(tp, [])  # Faust commits the partitions listed there
 
 
 def no_skipped_acks() -> None:
@@ -163,22 +173,25 @@ def committing_seen() -> None:
 
 
 def stuck_partitions(consumer: Any, idle: Callable[[str], bool]) -> dict[Any, int]:
-    """Partitions whose commits are held back by a message that no agent holds: the
-    message at the committed offset exists and was read by the fetch loop (or messages
-    after it were acknowledged), yet it is not acknowledged, not in progress, and
-    ``idle(topic)`` says no stream has messages of the topic waiting. Returns each one's
-    committed offset. (Right after a seek, the read offset is the committed offset before
-    anything was read: a partition found so only until its next fetch, and read again
-    for nothing at worst.)
+    """Partitions whose commits are held back at the committed offset, by a message that
+    no agent holds or by an offset that holds no message. Returns each one's committed
+    offset. The offset is not acknowledged, not in progress, not known to be absent,
+    the partition is not paused and its end offset is past it; and either messages
+    after it were acknowledged, or every message the fetch loop read was handled and
+    ``idle(topic)`` says no stream has messages of the topic waiting. (Found so for a
+    moment between two fetches too: the caller waits before it acts.)
 
-    A stream takes a partition's messages in offset order, so such a message was dropped
-    on the way: skipped around a rebalance, and its copy fetched again dropped as read."""
+    A stream takes a partition's messages in offset order, so such an offset was either
+    passed over by the fetch (a transaction marker, a compacted record: ask the broker,
+    ``worker.kafka.absent``), or its message was dropped on the way: skipped around a
+    rebalance, and its copy fetched again dropped as read (read it again)."""
     taken = {(m.tp, m.offset) for m in list(consumer.unacked)}
     committing = getattr(consumer, "_neardup_committing", None) or {}
+    paused = set(consumer._paused_partitions)
     stuck = {}
     for tp in list(consumer.assignment()):
         committed = consumer._committed_offset.get(tp)
-        if committed is None or (tp, committed) in taken or tp in committing:
+        if committed is None or (tp, committed) in taken or tp in committing or tp in paused:
             continue
         if committed in consumer._acked_index.get(tp, ()):
             continue  # handled; the commit is on its way
@@ -193,7 +206,7 @@ def stuck_partitions(consumer: Any, idle: Callable[[str], bool]) -> dict[Any, in
             end = None
         if (acked and min(acked) > committed) or (
             read is not None
-            and read >= committed
+            and read >= committed - 1  # (the last offset read; after a seek, the next)
             and end is not None
             and end > committed
             and idle(tp.topic)

@@ -73,6 +73,11 @@ class _StageCollector:
                 "Partitions read again from a message no agent took",
                 w.rereads,
             ),
+            (
+                "neardup_absent_offset_runs",
+                "Runs of offsets the broker said hold no message, committed past",
+                w.absent_runs,
+            ),
             ("neardup_raw_pauses", "Times this worker paused reading raw pages", w.pauses),
         ):
             counter = CounterMetricFamily(name, doc)
