@@ -86,9 +86,10 @@ class Absent:
             return present, stop
         consumer.seek(tp, start)
         while True:
-            batch = await consumer.getmany(tp, timeout_ms=500, max_records=MAX_SPAN)
+            batch = await consumer.getmany(tp, timeout_ms=100, max_records=MAX_SPAN)
             present += [r.offset for r in batch.get(tp) or () if r.offset < stop]
-            # the fetch position passes over offsets without a message too
+            # the fetch position passes over offsets without a message too (a fetch of a
+            # marker alone returns no record: wait briefly, the caller is a timer)
             if int(await consumer.position(tp)) >= stop:
                 return present, stop
 
