@@ -34,8 +34,11 @@ class Absent:
         self.client = client
         self._consumer: Any = None
         self._lock = asyncio.Lock()
+        self._closed = False
 
     async def _ensure(self) -> Any:
+        if self._closed:
+            raise RuntimeError("closed")
         if self._consumer is None:
             from aiokafka import AIOKafkaConsumer  # type: ignore[import-untyped]
 
@@ -44,16 +47,25 @@ class Absent:
                 group_id=None,
                 enable_auto_commit=False,
                 isolation_level="read_uncommitted",  # as the worker's own consumer
+                # an offset below the log's start (retention deleted it) is absent: read
+                # from the start; never jump to the end (what exists would seem absent)
+                auto_offset_reset="earliest",
                 **self.client,
             )
-            await consumer.start()
+            try:
+                await consumer.start()
+            except BaseException:
+                await consumer.stop()
+                raise
             self._consumer = consumer
         return self._consumer
 
     async def close(self) -> None:
-        if self._consumer is not None:
-            consumer, self._consumer = self._consumer, None
-            await consumer.stop()
+        self._closed = True
+        async with self._lock:
+            if self._consumer is not None:
+                consumer, self._consumer = self._consumer, None
+                await consumer.stop()
 
     async def between(
         self, topic: str, partition: int, start: int, stop: int

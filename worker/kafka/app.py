@@ -514,18 +514,24 @@ class Worker:
         now = time.monotonic()
         seen, self.stuck = self.stuck, {}
         idle = functools.partial(faustfix.topic_idle, self.app)
-        for tp, offset in faustfix.stuck_partitions(consumer, idle).items():
+        asked = False
+        for tp, (offset, why) in faustfix.stuck_partitions(consumer, idle).items():
             first = seen.get(tp)
             since = first[1] if first is not None and first[0] == offset else now
             self.stuck[tp] = (offset, since)
             if now - since < GAP_CHECK_S:
                 continue
-            if self.present.get(tp) != offset and not await self._pass_absent(tp, offset):
-                continue
+            if self.present.get(tp) != offset:
+                if asked:
+                    continue  # one question a tick: the marks timer waits for the answer
+                asked = True
+                if not await self._pass_absent(tp, offset) or not self._still(tp, offset):
+                    continue
+            if why == faustfix.UNREAD:
+                continue  # not dropped: it comes with a fetch
             # a message after it was handled: it was surely dropped (a stream takes a
-            # partition's messages in order); else it may only not be fetched yet
-            acked = consumer._acked.get(tp)
-            if not (acked and min(acked) > offset) and now - since < STUCK_S:
+            # partition's messages in order); read past it: maybe only just sought to
+            if why == faustfix.READ and now - since < STUCK_S:
                 continue
             last = self.reread.get(tp)
             if last is not None and last[0] == offset and now - last[1] < STUCK_S:
@@ -541,17 +547,29 @@ class Worker:
             self.reread[tp] = (offset, now)
             await self._seek(tp, offset)
 
+    def _still(self, tp: Any, offset: int) -> bool:
+        """After an ``await`` in ``unstick``: whether ``tp`` is still this worker's and
+        held back at ``offset`` (a rebalance may have come in between)."""
+        consumer: Any = self.app.consumer
+        return (
+            not self.app.rebalancing
+            and tp in consumer.assignment()
+            and consumer._committed_offset.get(tp) == offset
+        )
+
     async def _pass_absent(self, tp: Any, offset: int) -> bool:
         """Ask the broker which offsets of ``tp`` from ``offset`` on hold no message, up
         to the last one acknowledged (or the end). Returns whether ``offset`` holds one
         (False also when the broker did not answer)."""
         consumer: Any = self.app.consumer
-        acked = consumer._acked.get(tp)
+        after = [o for o in consumer._acked.get(tp) or () if o > offset]
         try:
             end = int(consumer.highwater(tp))
         except Exception:
             return False
-        stop = max(acked) + 1 if acked else end
+        stop = max(after) + 1 if after else end
+        if stop <= offset:
+            return False
         runs = await self.absent.between(tp.topic, tp.partition, offset, stop)
         if runs is None or tp not in consumer.assignment():
             return False
@@ -576,7 +594,11 @@ class Worker:
         offset back to it if a batch from before the seek moved it on
         (``faustfix.read_from``)."""
         consumer: Any = self.app.consumer
-        await consumer.seek(tp, offset)
+        try:
+            await consumer.seek(tp, offset)
+        except Exception as exc:  # taken away meanwhile (a rebalance): nothing to read
+            log.info("no seek of %s[%d] to %d: %r", tp.topic, tp.partition, offset, exc)
+            return
         self.sought[tp] = offset
 
     def describe(self) -> str:

@@ -88,10 +88,15 @@ def strict_commits() -> None:
         index = self._acked_index[tp]
         gaps = self._gap[tp]
         committed = self._committed_offset[tp]
-        if committed is None and not acked:
-            return None
         # from the committed offset (the next one to read), over acknowledged offsets
         # and offsets that hold no message; none acknowledged past a trailing gap too
+        if committed is not None and acked and min(acked) < committed:
+            # copies read again while a commit was in flight were acknowledged against
+            # the committed offset before it: below it now, they only mislead
+            acked[:] = [o for o in acked if o >= committed]
+            index.difference_update([o for o in index if o < committed])
+        if committed is None and not acked:
+            return None
         start = at = min(acked) if committed is None else int(committed)
         while True:
             if at in index:
@@ -172,19 +177,28 @@ def committing_seen() -> None:
     _once(base, "_commit_offsets", commit_seen)
 
 
-def stuck_partitions(consumer: Any, idle: Callable[[str], bool]) -> dict[Any, int]:
+#: Why a partition is held back at its committed offset (``stuck_partitions``).
+AFTER = "after"  # a later message was acknowledged: the one there was dropped, or absent
+READ = "read"  # the fetch loop read past it: dropped (or just sought to), or absent
+UNREAD = "unread"  # the fetch loop has not got to it: absent, or not fetched yet
+
+
+def stuck_partitions(consumer: Any, idle: Callable[[str], bool]) -> dict[Any, tuple[int, str]]:
     """Partitions whose commits are held back at the committed offset, by a message that
-    no agent holds or by an offset that holds no message. Returns each one's committed
-    offset. The offset is not acknowledged, not in progress, not known to be absent,
-    the partition is not paused and its end offset is past it; and either messages
-    after it were acknowledged, or every message the fetch loop read was handled and
-    ``idle(topic)`` says no stream has messages of the topic waiting. (Found so for a
-    moment between two fetches too: the caller waits before it acts.)
+    no agent holds or by an offset that holds no message: each one's committed offset and
+    why (``AFTER``, ``READ``, ``UNREAD``). The offset is not acknowledged, not in
+    progress, not known to be absent, and the partition is not paused; then either a
+    later message was acknowledged, or its end offset is past it, every message the
+    fetch loop read was handled, and ``idle(topic)`` says no stream has messages of the
+    topic waiting. (``READ`` and ``UNREAD`` are found so for a moment between two fetches
+    too: the caller waits before it acts.)
 
     A stream takes a partition's messages in offset order, so such an offset was either
     passed over by the fetch (a transaction marker, a compacted record: ask the broker,
     ``worker.kafka.absent``), or its message was dropped on the way: skipped around a
-    rebalance, and its copy fetched again dropped as read (read it again)."""
+    rebalance, and its copy fetched again dropped as read (read it again). ``UNREAD``
+    only says the first: a message there was not dropped, it is still to come (the fetch
+    loop may wait on a full queue of another topic)."""
     taken = {(m.tp, m.offset) for m in list(consumer.unacked)}
     committing = getattr(consumer, "_neardup_committing", None) or {}
     paused = set(consumer._paused_partitions)
@@ -198,20 +212,20 @@ def stuck_partitions(consumer: Any, idle: Callable[[str], bool]) -> dict[Any, in
         gaps = consumer._gap.get(tp)
         if gaps is not None and gaps.overlaps(committed):
             continue
-        acked = consumer._acked.get(tp)
+        if any(o > committed for o in consumer._acked.get(tp) or ()):
+            stuck[tp] = (int(committed), AFTER)
+            continue
         read = consumer._read_offset.get(tp)
         try:
             end = consumer.highwater(tp)
         except Exception:  # (aiokafka asserts the partition is still assigned)
             end = None
-        if (acked and min(acked) > committed) or (
-            read is not None
-            and read >= committed - 1  # (the last offset read; after a seek, the next)
-            and end is not None
-            and end > committed
-            and idle(tp.topic)
-        ):
-            stuck[tp] = int(committed)
+        if read is None or end is None or end <= committed or not idle(tp.topic):
+            continue
+        if read >= committed:  # (the last offset read; after a seek, the next)
+            stuck[tp] = (int(committed), READ)
+        elif read == committed - 1:
+            stuck[tp] = (int(committed), UNREAD)
     return stuck
 
 
