@@ -28,12 +28,15 @@ pages and prints whether they agree.
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import random
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Sized
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,7 @@ from tests.integration.helpers import (
     reference,
     tree_rss,
 )
+from worker.cli import main as neardup
 
 
 def in_order(lines: list[bytes]) -> list[bytes]:
@@ -59,7 +63,7 @@ def in_order(lines: list[bytes]) -> list[bytes]:
     return sorted(lines, key=_sort_key)
 
 
-def outcome(values: list[bytes], ref: Reference, d: Deployment) -> str:
+def outcome(values: Sized, ref: Reference, d: Deployment) -> str:
     """Pages in against distinct decisions plus rejects out, and the reference check."""
     decided = d.decided()
     rejected = {(r["page_id"], r["url"]) for r in d.rejects()}
@@ -150,21 +154,43 @@ def broker_restart(broker: LocalBroker, tmp: Path, values: list[bytes]) -> None:
         d.close()
 
 
+def reference_streamed(values: Iterable[bytes], tmp: Path) -> Reference:
+    """``neardup dedup`` over ``values``, written to a gzip file one at a time (100,000
+    copies of the dev pages are ~16 GB: kept in memory, they took the machine's)."""
+    stream = tmp / "stream.jsonl.gz"
+    tmp.mkdir(parents=True, exist_ok=True)
+    with gzip.open(stream, "wb", compresslevel=1) as fh:
+        for v in values:
+            fh.write(v + b"\n")
+    out, clusters, rejects = tmp / "ref-decisions.jsonl", tmp / "ref-clusters.jsonl", tmp / "r"
+    args = ["dedup", str(stream), "--out", str(out), "--clusters", str(clusters)]
+    neardup([*args, "--rejects", str(rejects), "-q"])
+
+    def read(p: Path) -> list[dict[str, Any]]:
+        with p.open(encoding="utf-8") as fh:
+            return [json.loads(x) for x in fh]
+
+    return Reference(
+        read(out), {c["page_id"]: c["cluster_id"] for c in read(clusters)}, read(rejects)
+    )
+
+
 def rebuild(broker: LocalBroker, tmp: Path, lines: list[bytes], pages: int) -> None:
-    values = list(copies(lines, 0, pages + 200))
+    total = pages + 200
+    values = range(total)  # (their count: the pages themselves are made as they go)
     t0 = time.monotonic()
-    ref = reference(values, tmp)
-    print(f"  (reference over {len(values)} pages: {time.monotonic() - t0:.0f} s)")
+    ref = reference_streamed(copies(lines, 0, total), tmp)
+    print(f"  (reference over {total} pages: {time.monotonic() - t0:.0f} s)")
     d = Deployment(broker.bootstrap, tmp / "rebuild", 2)
     try:
-        d.produce(values[:pages])
+        d.produce(copies(lines, 0, pages))
         w = d.worker(0).start()
         t0 = time.monotonic()
         d.wait(lambda: len(d.decided()) + len(d.rejects()) >= pages, 24 * 3600, "indexed")
         rate = pages / (time.monotonic() - t0)
         w.stop()
         shutil.rmtree(d.tmp / "worker0")
-        d.produce(values[pages:])
+        d.produce(copies(lines, pages, total))
         t0 = time.monotonic()
         again = d.worker(0).start()
         d.wait(lambda: again.get("/readyz") == 200, 24 * 3600, "rebuilt")
