@@ -1,0 +1,176 @@
+"""``Worker.unstick``'s rules, with the consumer, the broker's answers and the clock
+faked: ask the broker before acting, read again only what was dropped, and never touch
+a partition a rebalance took away while the question was out."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from intervaltree import IntervalTree
+
+from worker.kafka import app as app_module
+from worker.kafka import faustfix
+from worker.kafka.app import GAP_CHECK_S, STUCK_S, Worker
+
+
+class FakeConsumer:
+    def __init__(self, tps: list[str], committed: int, end: int) -> None:
+        self.tps = list(tps)
+        self._committed_offset = dict.fromkeys(tps, committed)
+        self._acked: dict[str, list[int]] = defaultdict(list)
+        self._gap: dict[str, IntervalTree] = defaultdict(IntervalTree)
+        self._read_offset: dict[str, int] = {}
+        self.end = end
+        self.seeks: list[tuple[str, int]] = []
+
+    def assignment(self) -> list[str]:
+        return list(self.tps)
+
+    def highwater(self, tp: str) -> int:
+        return self.end
+
+    async def seek(self, tp: str, offset: int) -> None:
+        if tp not in self.tps:
+            raise RuntimeError("not assigned")  # aiokafka's IllegalStateError
+        self.seeks.append((tp, offset))
+
+
+class FakeApp:
+    def __init__(self, consumer: FakeConsumer) -> None:
+        self.consumer = consumer
+        self.rebalancing = False
+
+
+class FakeAbsent:
+    """The broker: ``runs`` answers every question; ``during`` runs while it is out."""
+
+    def __init__(self, runs: list[tuple[int, int]]) -> None:
+        self.runs = runs
+        self.asked: list[tuple[str, int, int]] = []
+        self.during: Any = None
+
+    async def between(self, topic: str, partition: int, start: int, stop: int) -> Any:
+        self.asked.append((topic, start, stop))
+        if self.during is not None:
+            self.during()
+        return self.runs
+
+
+class TP(str):
+    @property
+    def topic(self) -> str:
+        return str(self)
+
+    @property
+    def partition(self) -> int:
+        return 0
+
+
+def _worker(consumer: FakeConsumer, absent: FakeAbsent) -> Worker:
+    w = Worker.__new__(Worker)
+    w.app = FakeApp(consumer)  # type: ignore[assignment]
+    w.stuck, w.sought, w.present, w.reread = {}, {}, {}, {}
+    w.rereads = w.absent_runs = 0
+    w.absent = absent  # type: ignore[assignment]
+    return w
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, w: Worker, why: str, at: list[float], tp: TP) -> None:
+    """``unstick`` once at each time in ``at``, the partition held back for ``why``."""
+    consumer: Any = w.app.consumer
+
+    def stuck(c: FakeConsumer, idle: Any) -> dict[TP, tuple[int, str]]:
+        at = c._committed_offset[tp]
+        if tp not in c.tps or c._gap[tp].overlaps(at):  # (absent: the commit passes)
+            return {}
+        return {tp: (at, why)}
+
+    monkeypatch.setattr(faustfix, "stuck_partitions", stuck)
+    for t in at:
+        monkeypatch.setattr(app_module.time, "monotonic", lambda t=t: t)
+        asyncio.run(w.unstick())
+    assert consumer is w.app.consumer
+
+
+def test_a_partition_not_fetched_yet_is_asked_about_once_and_never_read_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tp = TP("raw")
+    consumer, absent = FakeConsumer([tp], 40, 45), FakeAbsent([])  # 40 is there
+    w = _worker(consumer, absent)
+    _run(monkeypatch, w, faustfix.UNREAD, [0.0, GAP_CHECK_S, 5.0, STUCK_S + 5, 60.0], tp)
+    assert absent.asked == [("raw", 40, 45)]
+    assert consumer.seeks == []
+
+
+def test_a_dropped_message_is_read_again_at_once_if_a_later_one_was_handled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tp = TP("raw")
+    consumer, absent = FakeConsumer([tp], 40, 45), FakeAbsent([])
+    consumer._acked[tp] = [41, 42]
+    w = _worker(consumer, absent)
+    _run(monkeypatch, w, faustfix.AFTER, [0.0, 0.5, GAP_CHECK_S], tp)
+    assert absent.asked == [("raw", 40, 43)]  # up to the last one acknowledged
+    assert consumer.seeks == [(tp, 40)] and w.rereads == 1
+    _run(monkeypatch, w, faustfix.AFTER, [GAP_CHECK_S + 1, GAP_CHECK_S + 5], tp)
+    assert consumer.seeks == [(tp, 40)]  # not again before STUCK_S
+    _run(monkeypatch, w, faustfix.AFTER, [GAP_CHECK_S + STUCK_S], tp)
+    assert consumer.seeks == [(tp, 40), (tp, 40)]
+
+
+def test_a_message_read_past_is_read_again_after_stuck_s_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tp = TP("raw")
+    consumer, absent = FakeConsumer([tp], 40, 45), FakeAbsent([])
+    w = _worker(consumer, absent)
+    _run(monkeypatch, w, faustfix.READ, [0.0, GAP_CHECK_S, STUCK_S - 1], tp)
+    assert consumer.seeks == []
+    _run(monkeypatch, w, faustfix.READ, [STUCK_S], tp)
+    assert consumer.seeks == [(tp, 40)]
+
+
+def test_offsets_the_broker_says_are_absent_are_committed_past_not_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tp = TP("raw")
+    consumer, absent = FakeConsumer([tp], 40, 45), FakeAbsent([(40, 41), (43, 44)])
+    consumer._acked[tp] = [41, 42, 44]
+    w = _worker(consumer, absent)
+    _run(monkeypatch, w, faustfix.AFTER, [0.0, GAP_CHECK_S, STUCK_S + 1], tp)
+    assert sorted((i.begin, i.end) for i in consumer._gap[tp]) == [(40, 41), (43, 44)]
+    assert consumer.seeks == [] and w.absent_runs == 2
+
+
+def test_a_partition_taken_away_while_the_question_is_out_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tp = TP("raw")
+    consumer, absent = FakeConsumer([tp], 40, 45), FakeAbsent([])
+    consumer._acked[tp] = [41]
+    absent.during = lambda: consumer.tps.remove(tp)  # a rebalance meanwhile
+    w = _worker(consumer, absent)
+    _run(monkeypatch, w, faustfix.AFTER, [0.0, GAP_CHECK_S], tp)
+    assert absent.asked and consumer.seeks == []
+
+
+def test_one_question_a_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = TP("a"), TP("b")
+    consumer, absent = FakeConsumer([a, b], 40, 45), FakeAbsent([])
+    w = _worker(consumer, absent)
+    monkeypatch.setattr(
+        faustfix,
+        "stuck_partitions",
+        lambda c, idle: {tp: (40, faustfix.UNREAD) for tp in (a, b)},
+    )
+    for t in (0.0, GAP_CHECK_S):
+        monkeypatch.setattr(app_module.time, "monotonic", lambda t=t: t)
+        asyncio.run(w.unstick())
+    assert len(absent.asked) == 1
+    monkeypatch.setattr(app_module.time, "monotonic", lambda: GAP_CHECK_S + 0.2)
+    asyncio.run(w.unstick())
+    assert sorted(x[0] for x in absent.asked) == ["a", "b"]
