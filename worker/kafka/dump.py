@@ -17,7 +17,6 @@ import logging
 import signal
 import sys
 import threading
-import traceback
 from collections.abc import Callable
 from types import FrameType
 
@@ -27,13 +26,8 @@ log = logging.getLogger("worker.kafka")
 FRAMES = 6
 
 
-def _frames(frames: list[FrameType] | traceback.StackSummary) -> list[str]:
-    summary = (
-        frames
-        if isinstance(frames, traceback.StackSummary)
-        else traceback.StackSummary.extract((f, f.f_lineno) for f in frames)
-    )
-    return [f"    {f.filename}:{f.lineno} {f.name}" for f in list(summary)[-FRAMES:]]
+def _frames(frames: list[FrameType]) -> list[str]:
+    return [f"    {f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}" for f in frames[-FRAMES:]]
 
 
 def _thread_stack(frame: FrameType | None) -> list[FrameType]:

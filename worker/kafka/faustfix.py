@@ -88,15 +88,10 @@ def strict_commits() -> None:
         index = self._acked_index[tp]
         gaps = self._gap[tp]
         committed = self._committed_offset[tp]
-        # from the committed offset (the next one to read), over acknowledged offsets
-        # and offsets that hold no message; none acknowledged past a trailing gap too
-        if committed is not None and acked and min(acked) < committed:
-            # copies read again while a commit was in flight were acknowledged against
-            # the committed offset before it: below it now, they only mislead
-            acked[:] = [o for o in acked if o >= committed]
-            index.difference_update([o for o in index if o < committed])
         if committed is None and not acked:
             return None
+        # from the committed offset (the next one to read), over acknowledged offsets
+        # and offsets that hold no message; none acknowledged past a trailing gap too
         start = at = min(acked) if committed is None else int(committed)
         while True:
             if at in index:
@@ -105,13 +100,13 @@ def strict_commits() -> None:
                 at = max(span.end for span in spans)
             else:
                 break
-        if at == start:
-            return None  # the message at the committed offset is not acknowledged yet
+        # forget what is below: also copies read again while a commit was in flight,
+        # acknowledged against the committed offset before it, which only mislead
         acked[:] = sorted(o for o in acked if o >= at)
         index.difference_update([o for o in index if o < at])
         if gaps:
             gaps.chop(0, at)
-        return at
+        return None if at == start else at  # None: the message there is not handled yet
 
     async def add_gap(self: Any, tp: Any, offset_from: int, offset_to: int) -> None:
         # Faust's guess that the offsets from ``offset_from`` up to ``offset_to`` are
