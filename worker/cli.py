@@ -87,8 +87,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
         _open_out(args.merges) as merges,
         _open_out(args.rejects) as rejects,
     ):
-        for item in iter_pages(args.pages, cfg.max_bytes):
-            result = engine.process(item)
+        for result in engine.process_many(iter_pages(args.pages, cfg.max_bytes)):
             if isinstance(result, Rejected):
                 rejected += 1
                 _write(rejects, result.to_json())

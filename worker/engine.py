@@ -15,7 +15,7 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -425,16 +425,34 @@ class Engine:
 
     def process(self, page: RawPage | Rejected) -> Outcome | Rejected:
         """One page to one outcome. Never raises: a failure becomes ``Rejected(internal)``."""
+        if isinstance(page, Rejected) or self.sandbox is None:
+            return self._finish(page, None)
+        try:
+            analysed = self.sandbox.analyse(page, self.stats)
+        except Exception as exc:  # a bug, not bad input: logged once, page dead-lettered
+            analysed = self._internal(page, exc)
+        return self._finish(page, analysed)
+
+    def process_many(self, pages: Iterable[RawPage | Rejected]) -> Iterator[Outcome | Rejected]:
+        """``process`` for each item, in order. With the sandbox, its worker analyses the
+        next pages while this process decides one (``Sandbox.stream``)."""
+        if self.sandbox is None:
+            yield from map(self.process, pages)
+            return
+        for page, analysed in self.sandbox.stream(pages, self.stats):
+            yield self._finish(page, analysed)
+
+    def _finish(
+        self, page: RawPage | Rejected, analysed: Analysed | Rejected | None
+    ) -> Outcome | Rejected:
+        """The rest of ``process`` once ``page`` is analysed (None: analyse it here)."""
         self.stats.pages += 1
         if isinstance(page, Rejected):
             self.stats.rejects[str(page.reason)] += 1
             return page
         try:
-            analysed = (
-                self.sandbox.analyse(page, self.stats)
-                if self.sandbox is not None
-                else analyse(page, self.cfg, self.stats)
-            )
+            if analysed is None:
+                analysed = analyse(page, self.cfg, self.stats)
             if isinstance(analysed, Rejected):
                 self.stats.rejects[str(analysed.reason)] += 1
                 return analysed
@@ -442,16 +460,20 @@ class Engine:
             self.kv.commit()
         except Exception as exc:  # a bug, not bad input: logged once, page dead-lettered
             self.kv.rollback()
-            log.exception("engine failed on page %s (%s)", page.page_id, page.url)
+            rejected = self._internal(page, exc)
             self.stats.rejects[str(Reason.INTERNAL)] += 1
-            return Rejected(
-                Reason.INTERNAL, f"{type(exc).__name__}: {exc}"[:500], page.page_id, page.url
-            )
+            return rejected
         if outcome.repeated:
             return outcome
         self.stats.decisions[outcome.decision["decision"]] += 1
         self.stats.merges += len(outcome.merges)
         return outcome
+
+    @staticmethod
+    def _internal(page: RawPage, exc: Exception) -> Rejected:
+        log.exception("engine failed on page %s (%s)", page.page_id, page.url)
+        detail = f"{type(exc).__name__}: {exc}"[:500]
+        return Rejected(Reason.INTERNAL, detail, page.page_id, page.url)
 
     def cluster_of(self, page_id: str) -> str:
         return self.clusters.cluster_of(page_pid(page_id))

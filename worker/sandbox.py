@@ -53,6 +53,8 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
+from collections.abc import Generator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -519,11 +521,17 @@ class _Worker:
         os.set_blocking(rfd, False)
         os.set_blocking(wfd, False)
         # poll, not select: a worker with many sockets has descriptors above FD_SETSIZE
+        #: The pipe's size: bytes that can be written ahead without blocking.
+        self.capacity = 1 << 16  # Linux's default
+        with contextlib.suppress(OSError, AttributeError):
+            self.capacity = fcntl.fcntl(wfd, fcntl.F_GETPIPE_SZ)
         self.readable = select.poll()
         self.readable.register(rfd, select.POLLIN)
         self.writable = select.poll()
         self.writable.register(wfd, select.POLLOUT)
         self.closed = False
+        #: Bytes read past the last whole frame.
+        self.buffer = bytearray()
 
     @staticmethod
     def _wait(poller: select.poll, deadline: float) -> None:
@@ -547,20 +555,19 @@ class _Worker:
         return chunk
 
     def read(self, deadline: float) -> bytes:
-        """One frame, whole (see ``_split_frame``). The worker writes its answer in one
-        write and nothing after it, so the first read asks for more than an answer's
-        usual size: one poll and one read a page, not three of each."""
-        chunks = [self._read_some(_REPLY_READ, deadline)]
-        have = len(chunks[0])
-        while have < _FRAME.size:
-            chunks.append(self._read_some(_REPLY_READ, deadline))
-            have += len(chunks[-1])
-        head_len, payload_len = _FRAME.unpack_from(b"".join(chunks))
+        """One frame, whole (see ``_split_frame``). Reads ask for more than an answer's
+        usual size, so that one poll and one read take a whole answer, or several when
+        the worker ran ahead; what follows the frame is kept for the next call."""
+        buf = self.buffer
+        while len(buf) < _FRAME.size:
+            buf += self._read_some(_REPLY_READ, deadline)
+        head_len, payload_len = _FRAME.unpack_from(buf)
         total = _FRAME.size + head_len + payload_len
-        while have < total:
-            chunks.append(self._read_some(min(total - have, _CHUNK), deadline))
-            have += len(chunks[-1])
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        while len(buf) < total:
+            buf += self._read_some(min(max(total - len(buf), _REPLY_READ), _CHUNK), deadline)
+        frame = bytes(buf[:total])
+        del buf[:total]
+        return frame
 
     def stop(self) -> int | None:
         """Kill the worker (idle or not, it holds nothing worth keeping), close its pipes
@@ -579,11 +586,39 @@ class _Worker:
             return None  # the zygote is gone, and took its workers with it
 
 
+@dataclasses.dataclass(slots=True, eq=False)
+class _Pending:
+    """One item of ``Sandbox.stream``, from when it is read until it is handed back."""
+
+    item: Any
+    #: The page's frame, None for an item that needs no worker.
+    frame: bytes | None = None
+    result: Analysed | Rejected | None = None
+    #: Whether the current worker has its frame (a new worker needs it written again).
+    sent: bool = False
+    #: When it was written (monotonic seconds).
+    sent_at: float = 0.0
+    #: Writes that found the worker dead before it had the frame.
+    broken_writes: int = 0
+    #: Workers its frame was written to.
+    writes: int = 0
+
+
 class Sandbox:
     """``analyse`` in a worker process, bounded by ``cfg.extract_timeout_s`` and
     ``cfg.extract_max_mb``. Returns what ``analyse`` returns, or a ``Rejected`` (timeout,
-    too_large, internal) for a page the worker could not finish; raises ``SandboxError``
-    only when no worker can be started. Not thread-safe: one per analysing thread."""
+    too_large, internal) for a page the worker could not finish. Not thread-safe: one per
+    analysing thread.
+
+    ``stream`` keeps up to ``LOOKAHEAD`` pages written ahead in the worker's pipe, so the
+    worker goes from one page to the next without waiting for the parent to take its
+    answer and write the next page, and the parent decides one page while the worker
+    analyses the next. Each page still gets ``extract_timeout_s`` of its own, counted
+    from when the worker could start on it; a page that times out or kills its worker is
+    rejected alone, and the pages written after it go to the next worker."""
+
+    #: Pages written ahead of the one whose answer is awaited.
+    LOOKAHEAD = 4
 
     def __init__(self, cfg: EngineConfig) -> None:
         if cfg.extract_timeout_s <= 0:
@@ -591,8 +626,13 @@ class Sandbox:
         self.cfg = cfg
         #: Workers started: the first, then one after each timeout, crash or retirement.
         self.starts = 0
+        #: Pages written again to a new worker, the one they were written to having died
+        #: or retired on a page before them.
+        self.rewrites = 0
         self._worker: _Worker | None = None
         self._finalizer: weakref.finalize[Any, Sandbox] | None = None
+        #: When the current worker last answered (monotonic seconds).
+        self._answered = 0.0
 
     def _ensure_worker(self) -> _Worker:
         if self._worker is None:
@@ -606,6 +646,7 @@ class Sandbox:
                     if attempt == 2:
                         raise SandboxError(f"no sandbox worker could be started: {exc}") from exc
             self._worker = _Worker(zygote, pid, rfd, wfd)
+            self._answered = 0.0
             self.starts += 1
             # A sandbox dropped without close() must not leave its worker behind.
             self._finalizer = weakref.finalize(self, _Worker.stop, self._worker)
@@ -620,54 +661,143 @@ class Sandbox:
 
     def analyse(self, page: RawPage, stats: Stats | None = None) -> Analysed | Rejected:
         """``analyse(page, cfg, stats)``, bounded."""
-        refused = refuse_unencodable(page)  # here too: the sandbox's own dead letters
-        if refused is not None:
-            return refused
-        frame = _page_frame(page)
-        for attempt in (1, 2):
-            worker = self._ensure_worker()
-            deadline = time.monotonic() + self.cfg.extract_timeout_s
-            try:
-                worker.write(frame, deadline)
-            except OSError:  # EPIPE
-                # It died before it had the whole page, so not of this page: try a new one.
-                how = _describe_exit(self._drop_worker())
-                log.warning("sandbox worker died while idle (%s)", how)
-                if attempt == 1:
-                    continue
-                return self._rejected(page, Reason.INTERNAL, f"sandbox workers die ({how})")
-            except _DeadlineError:
-                self._drop_worker()
-                return self._timeout(page)
-            return self._answer(page, worker, deadline, stats)
+        for _, result in self.stream([page], stats):
+            return result
         raise AssertionError("unreachable")
 
-    def _answer(
-        self, page: RawPage, worker: _Worker, deadline: float, stats: Stats | None
-    ) -> Analysed | Rejected:
+    def stream(
+        self, items: Iterable[RawPage | Rejected], stats: Stats | None = None
+    ) -> Generator[tuple[RawPage | Rejected, Analysed | Rejected], None, None]:
+        """``(item, analyse(item))`` for each page of ``items``, in their order, bounded as
+        ``analyse`` is; an item that is already a ``Rejected`` comes back as its own result.
+        Reads up to ``LOOKAHEAD`` pages ahead of the one it hands back. Never raises for a
+        page: when no worker can be started, the page is rejected as ``internal``."""
+        source = iter(items)
+        queue: deque[_Pending] = deque()
+        more = True
+        try:
+            while True:
+                while self._send(queue) and more and self._in_flight(queue) <= self.LOOKAHEAD:
+                    item = next(source, None)
+                    if item is None:
+                        more = False
+                    else:
+                        queue.append(self._pending(item))
+                if not queue:
+                    return
+                head = queue[0]
+                if head.result is None and head.sent:
+                    self._await(queue, stats)
+                if head.result is None:  # its worker died first: ``_send`` writes it again
+                    continue
+                queue.popleft()
+                yield head.item, head.result
+        finally:
+            if any(p.sent and p.result is None for p in queue):
+                # Left early (the caller stopped, or an error): the worker would answer
+                # pages nobody asks for any more, ahead of the next caller's.
+                self._drop_worker()
+
+    @staticmethod
+    def _pending(item: RawPage | Rejected) -> _Pending:
+        if isinstance(item, Rejected):
+            return _Pending(item, result=item)
+        refused = refuse_unencodable(item)  # here too: the sandbox's own dead letters
+        if refused is not None:
+            return _Pending(item, result=refused)
+        return _Pending(item, _page_frame(item))
+
+    @staticmethod
+    def _in_flight(queue: deque[_Pending]) -> int:
+        return sum(1 for p in queue if p.result is None)
+
+    def _send(self, queue: deque[_Pending]) -> bool:
+        """Write the frames not written yet, in order, while the pipe surely has room for
+        them (the first in any case: the worker is reading it). Whether all were written."""
+        waiting = 0  # bytes written and not answered yet: at least what the pipe holds
+        for p in queue:
+            if p.result is not None:
+                continue
+            assert p.frame is not None
+            if p.sent:
+                waiting += len(p.frame)
+                continue
+            try:
+                worker = self._ensure_worker()
+            except SandboxError as exc:  # a fault of the host, not of the page
+                log.error("page %s (%s): %s", p.item.page_id, p.item.url, exc)
+                p.result = self._rejected(p.item, Reason.INTERNAL, f"SandboxError: {exc}"[:500])
+                continue
+            if waiting and waiting + len(p.frame) > worker.capacity:
+                return False
+            now = time.monotonic()
+            try:
+                worker.write(p.frame, now + self.cfg.extract_timeout_s)
+            except OSError:  # EPIPE
+                if waiting:  # it died on an earlier page: reading that one will say so
+                    return False
+                # It died before it had the whole page, so not of this page: a new one.
+                how = _describe_exit(self._drop_worker())
+                log.warning("sandbox worker died while idle (%s)", how)
+                p.broken_writes += 1
+                if p.broken_writes < 2:
+                    return False
+                p.result = self._rejected(p.item, Reason.INTERNAL, f"sandbox workers die ({how})")
+                continue
+            except _DeadlineError:  # the worker read nothing for the whole time limit
+                self._restart(queue)
+                p.result = self._timeout(p.item)
+                continue
+            p.sent, p.sent_at = True, now
+            self.rewrites += p.writes > 0
+            p.writes += 1
+            waiting += len(p.frame)
+        return True
+
+    def _await(self, queue: deque[_Pending], stats: Stats | None) -> None:
+        """Read the answer for the head of ``queue``; on a failure, reject the head and
+        have the pages written after it written again, to a new worker."""
+        head = queue[0]
+        page = head.item
+        worker = self._worker
+        assert worker is not None
+        # The worker starts on a page when it has answered the one before it.
+        deadline = max(head.sent_at, self._answered) + self.cfg.extract_timeout_s
         try:
             frame = worker.read(deadline)
         except _DeadlineError:
-            self._drop_worker()
-            return self._timeout(page)
+            self._restart(queue)
+            head.result = self._timeout(page)
+            return
         except (EOFError, OSError):
-            how = _describe_exit(self._drop_worker())
+            how = self._restart(queue)
             log.warning("sandbox worker died on page %s (%s): %s", page.page_id, page.url, how)
-            return self._rejected(page, Reason.INTERNAL, f"the sandbox worker died on it ({how})")
+            head.result = self._rejected(page, Reason.INTERNAL,
+                                         f"the sandbox worker died on it ({how})")  # fmt: skip
+            return
+        self._answered = time.monotonic()
         try:
             header, payload = _split_frame(frame)
-            result = _result_from(header, payload, page)
+            head.result = _result_from(header, payload, page)
         except (KeyError, TypeError, ValueError) as exc:
-            self._drop_worker()
+            self._restart(queue)
             detail = f"malformed sandbox reply: {type(exc).__name__}: {exc}"[:500]
-            return self._rejected(page, Reason.INTERNAL, detail)
+            head.result = self._rejected(page, Reason.INTERNAL, detail)
+            return
         if stats is not None:
             seconds = header.get("seconds", {})
             for stage in STAGES:
                 stats.seconds[stage] += float(seconds.get(stage, 0.0))
-        if header.get("retire"):
-            self._drop_worker()
-        return result
+        if header.get("retire"):  # it exits now: the pages written after this one are lost
+            self._restart(queue)
+
+    def _restart(self, queue: deque[_Pending]) -> str:
+        """Kill the worker: the pages written to it and not answered go to the next one.
+        How the worker ended."""
+        how = _describe_exit(self._drop_worker())
+        for p in queue:
+            p.sent = False
+        return how
 
     def _timeout(self, page: RawPage) -> Rejected:
         limit = self.cfg.extract_timeout_s

@@ -51,7 +51,9 @@ def run(lines: Sequence[bytes], cfg: EngineConfig = CFG) -> list[Outcome | Rejec
         engine.close()
 
 
-def check_rejected(out: Outcome | Rejected, reason: Reason, detail: str = "") -> Rejected:
+def check_rejected(
+    out: Outcome | Analysed | Rejected, reason: Reason, detail: str = ""
+) -> Rejected:
     assert isinstance(out, Rejected), out
     assert out.reason is reason, (out.reason, out.detail)
     assert detail in out.detail, out.detail
@@ -649,6 +651,115 @@ def test_sandbox_in_a_forked_process_starts_its_own(rng: random.Random) -> None:
         assert os.waitstatus_to_exitcode(status) == 0
         assert isinstance(sandbox.analyse(_page(page_html(inputs.article(rng)))), Analysed)
         assert sandbox.starts == 1
+
+
+def _same_as_in_process(item: RawPage | Rejected, boxed: Analysed | Rejected) -> None:
+    if isinstance(item, Rejected):
+        assert boxed is item
+        return
+    expect = analyse(item, IN_PROCESS)
+    if isinstance(expect, Rejected):
+        assert isinstance(boxed, Rejected) and boxed.reason is expect.reason, boxed
+        assert boxed.detail == expect.detail
+    else:
+        assert boxed == expect and boxed.page is item
+
+
+def test_sandbox_stream_hands_back_every_item_in_order(rng: random.Random) -> None:
+    """Pages written ahead come back in order, each as ``analyse`` makes it, with items
+    that need no worker (a dead letter already, a lone surrogate) in their places."""
+    items: list[RawPage | Rejected] = [_page(page_html(inputs.article(rng)), f"p{i}")
+                                       for i in range(12)]  # fmt: skip
+    items.insert(3, Rejected(Reason.BAD_JSON, "not JSON"))
+    items.insert(5, dataclasses.replace(_page("<p>x</p>", "s"), url="https://a.example.cn/\ud800"))
+    items.insert(8, _page("", "empty"))
+    with Sandbox(CFG) as sandbox:
+        out = list(sandbox.stream(items))
+        assert sandbox.starts == 1
+    assert [item for item, _ in out] == items
+    for item, boxed in out:
+        if item is items[5]:
+            check_rejected(boxed, Reason.SCHEMA, "lone surrogate")
+        else:
+            _same_as_in_process(item, boxed)
+
+
+def test_sandbox_stream_a_timeout_costs_that_page_only(rng: random.Random) -> None:
+    """A page past the time limit in the middle of a stream is rejected alone; the pages
+    written after it to the killed worker are analysed by the next one."""
+    cfg = CFG.with_overrides(extract_timeout_s=1.0)
+    items = [_page(page_html(inputs.article(rng)), f"p{i}") for i in range(8)]
+    # 60,000 attributes: 530 KB, small enough for pages to be written after it; seconds
+    items.insert(2, _page(inputs.attribute_flood(60_000), "flood"))
+    with Sandbox(cfg) as sandbox:
+        out = list(sandbox.stream(items))
+        assert sandbox.starts == 2 and sandbox.rewrites > 0
+    assert [item for item, _ in out] == items
+    for item, boxed in out:
+        if item.page_id == "flood":
+            check_rejected(boxed, Reason.TIMEOUT, "more than 1.0 s")
+        else:
+            _same_as_in_process(item, boxed)
+
+
+def test_sandbox_stream_a_crash_or_a_retirement_costs_no_other_page(rng: random.Random) -> None:
+    """A worker that dies mid-page costs that page only, and one that retires after a page
+    that grew its memory leaves the pages written after it to the next worker."""
+    cfg = CFG.with_overrides(extract_max_mb=64)
+    items = [_page(page_html(inputs.article(rng)), f"p{i}") for i in range(10)]
+    # 920 KB: fits in the pipe with pages after it, and grows the worker past its retiring
+    # size (half the limit), not past the limit
+    items.insert(2, _page(inputs.tiny_elements(230_000, "<p>x"), "big"))
+    items.insert(6, _page(inputs.attribute_flood(60_000), "slow"))
+    with Sandbox(cfg) as sandbox:
+        out = []
+        for item, boxed in sandbox.stream(items):
+            out.append((item, boxed))
+            if item.page_id == "p3":  # the worker has "slow" by now: kill it on that page
+                worker = sandbox._worker
+                assert worker is not None
+                threading.Timer(0.5, os.kill, (worker.pid, signal.SIGSEGV)).start()
+        assert sandbox.starts == 3 and sandbox.rewrites > 0
+    assert [item for item, _ in out] == items
+    for item, boxed in out:
+        if item.page_id == "slow":
+            check_rejected(boxed, Reason.INTERNAL, "killed by SIGSEGV")
+        else:
+            _same_as_in_process(item, boxed)
+
+
+def test_sandbox_stream_left_early_leaves_no_stale_answer(rng: random.Random) -> None:
+    """A caller that stops reading a stream with pages still written ahead must not get
+    their answers for its next page."""
+    items = [_page(page_html(inputs.article(rng)), f"p{i}") for i in range(8)]
+    with Sandbox(CFG) as sandbox:
+        stream = sandbox.stream(items)
+        for _ in range(2):
+            next(stream)
+        stream.close()
+        later = _page(page_html(inputs.article(rng)), "later")
+        _same_as_in_process(later, sandbox.analyse(later))
+
+
+def test_engine_process_many_decides_as_process_does(rng: random.Random) -> None:
+    texts = [inputs.article(rng) for _ in range(6)]
+    lines = [good_line(rng, f"https://ok.example.cn/{i}") for i in range(6)]
+    lines += [line(message(f"https://copy.example.cn/{i}", page_html(t)))
+              for i, t in enumerate(texts)]  # fmt: skip
+    lines.insert(4, b"{not json")
+    one, many = Engine(MemoryKV(), CFG), Engine(MemoryKV(), CFG)
+    singly = [one.process(parse_raw(raw, CFG.max_bytes)) for raw in lines]
+    streamed = list(many.process_many(parse_raw(raw, CFG.max_bytes) for raw in lines))
+    one.close()
+    many.close()
+
+    def comparable(out: Outcome | Rejected) -> object:
+        if isinstance(out, Rejected):
+            return (out.reason, out.detail)
+        return {k: v for k, v in out.decision.items() if k != "decided_at"}
+
+    assert [comparable(o) for o in streamed] == [comparable(o) for o in singly]
+    assert many.stats.decisions == one.stats.decisions and many.stats.rejects == {"bad_json": 1}
 
 
 def test_sandbox_close_leaves_no_worker(rng: random.Random) -> None:
