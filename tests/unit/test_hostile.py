@@ -7,6 +7,7 @@ The engine runs as ``neardup dedup`` runs it: default settings, analysis in the 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import http.server
 import itertools
@@ -362,8 +363,7 @@ def test_attribute_flood_is_stopped_by_the_time_limit(rng: random.Random) -> Non
     t0 = time.perf_counter()
     out = engine.process(parse_raw(flood, cfg.max_bytes))
     assert time.perf_counter() - t0 < 5
-    check_rejected(out, Reason.TIMEOUT, "more than 1.0 s")
-    assert out.url == "https://a.example.cn/a"
+    assert check_rejected(out, Reason.TIMEOUT, "more than 1.0 s").url == "https://a.example.cn/a"
     check_decided(
         engine.process(parse_raw(good_line(rng, "https://ok.example.cn/n"), cfg.max_bytes))
     )
@@ -665,6 +665,21 @@ def _same_as_in_process(item: RawPage | Rejected, boxed: Analysed | Rejected) ->
         assert boxed == expect and boxed.page is item
 
 
+def _check_stream(
+    out: Sequence[tuple[RawPage | Rejected, Analysed | Rejected]],
+    items: Sequence[RawPage],
+    failed: dict[str, tuple[Reason, str]],
+) -> None:
+    """Every item came back in order: the ``failed`` ones rejected so, the others as
+    ``analyse`` in this process makes them."""
+    assert [item for item, _ in out] == items
+    for item, boxed in out:
+        if isinstance(item, RawPage) and item.page_id in failed:
+            check_rejected(boxed, *failed[item.page_id])
+        else:
+            _same_as_in_process(item, boxed)
+
+
 def test_sandbox_stream_hands_back_every_item_in_order(rng: random.Random) -> None:
     """Pages written ahead come back in order, each as ``analyse`` makes it, with items
     that need no worker (a dead letter already, a lone surrogate) in their places."""
@@ -694,12 +709,7 @@ def test_sandbox_stream_a_timeout_costs_that_page_only(rng: random.Random) -> No
     with Sandbox(cfg) as sandbox:
         out = list(sandbox.stream(items))
         assert sandbox.starts == 2 and sandbox.rewrites > 0
-    assert [item for item, _ in out] == items
-    for item, boxed in out:
-        if item.page_id == "flood":
-            check_rejected(boxed, Reason.TIMEOUT, "more than 1.0 s")
-        else:
-            _same_as_in_process(item, boxed)
+    _check_stream(out, items, {"flood": (Reason.TIMEOUT, "more than 1.0 s")})
 
 
 def test_sandbox_stream_a_crash_or_a_retirement_costs_no_other_page(rng: random.Random) -> None:
@@ -720,12 +730,7 @@ def test_sandbox_stream_a_crash_or_a_retirement_costs_no_other_page(rng: random.
                 assert worker is not None
                 threading.Timer(0.5, os.kill, (worker.pid, signal.SIGSEGV)).start()
         assert sandbox.starts == 3 and sandbox.rewrites > 0
-    assert [item for item, _ in out] == items
-    for item, boxed in out:
-        if item.page_id == "slow":
-            check_rejected(boxed, Reason.INTERNAL, "killed by SIGSEGV")
-        else:
-            _same_as_in_process(item, boxed)
+    _check_stream(out, items, {"slow": (Reason.INTERNAL, "killed by SIGSEGV")})
 
 
 def test_sandbox_stream_left_early_leaves_no_stale_answer(rng: random.Random) -> None:
@@ -739,6 +744,65 @@ def test_sandbox_stream_left_early_leaves_no_stale_answer(rng: random.Random) ->
         stream.close()
         later = _page(page_html(inputs.article(rng)), "later")
         _same_as_in_process(later, sandbox.analyse(later))
+
+
+def test_sandbox_analyse_async_leaves_the_event_loop_free(rng: random.Random) -> None:
+    """While the worker analyses a slow page the loop runs other tasks; the answer is the
+    one ``analyse`` gives, and a page past the time limit is rejected alone."""
+    cfg = CFG.with_overrides(extract_timeout_s=1.0)
+    slow = _page(inputs.attribute_flood(15_000), "slow")  # about a second, under the limit
+    pages = [_page(page_html(inputs.article(rng)), f"p{i}") for i in range(3)]
+
+    async def main() -> tuple[int, list[Analysed | Rejected]]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        with Sandbox(CFG) as sandbox:
+            out = [await sandbox.analyse_async(slow)]
+            ticked = ticks
+            out += [await sandbox.analyse_async(p) for p in pages]
+        with Sandbox(cfg) as limited:
+            flood = _page(inputs.attribute_flood(60_000), "flood")
+            out.append(await limited.analyse_async(flood))
+            out.append(await limited.analyse_async(pages[0]))
+            assert limited.starts == 2
+        ticker.cancel()
+        return ticked, out
+
+    ticked, out = asyncio.run(main())
+    assert ticked >= 10  # the slow page took 0.1 s at least, and the loop kept ticking
+    for item, boxed in zip([slow, *pages], out[:4], strict=True):
+        _same_as_in_process(item, boxed)
+    check_rejected(out[4], Reason.TIMEOUT, "more than 1.0 s")
+    _same_as_in_process(pages[0], out[5])
+
+
+def test_sandbox_analyse_async_cancelled_leaves_no_stale_answer(rng: random.Random) -> None:
+    """A task cancelled while the worker has its page (a rebalance, a shutdown) kills the
+    worker, so that page's answer never reaches the next one; one page at a time."""
+    slow = _page(inputs.attribute_flood(15_000), "slow")
+    later = _page(page_html(inputs.article(rng)), "later")
+
+    async def main() -> Analysed | Rejected:
+        with Sandbox(CFG) as sandbox:
+            task = asyncio.create_task(sandbox.analyse_async(slow))
+            await asyncio.sleep(0.2)
+            with pytest.raises(RuntimeError, match="one page at a time"):
+                await sandbox.analyse_async(later)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            out = await sandbox.analyse_async(later)
+            assert sandbox.starts == 2
+            return out
+
+    _same_as_in_process(later, asyncio.run(main()))
 
 
 def test_engine_process_many_decides_as_process_does(rng: random.Random) -> None:
