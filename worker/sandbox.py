@@ -33,7 +33,6 @@ a page cannot make the parent run code through the pipe.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
 import ctypes
@@ -548,75 +547,26 @@ class _Worker:
             except BlockingIOError:
                 self._wait(self.writable, deadline)
 
-    def _take_frame(self) -> bytes | None:
-        """The first whole frame in the buffer, taken out of it; None if none is whole."""
-        buf = self.buffer
-        if len(buf) < _FRAME.size:
-            return None
-        head_len, payload_len = _FRAME.unpack_from(buf)
-        total = _FRAME.size + head_len + payload_len
-        if len(buf) < total:
-            return None
-        frame = bytes(buf[:total])
-        del buf[:total]
-        return frame
-
-    def _fill(self) -> bool:
-        """Read what the pipe holds into the buffer; False if it holds nothing yet. Asks
-        for more than an answer's usual size, so that one read takes a whole answer, or
-        several when the worker ran ahead."""
-        want = _REPLY_READ
-        if len(self.buffer) >= _FRAME.size:
-            head_len, payload_len = _FRAME.unpack_from(self.buffer)
-            missing = _FRAME.size + head_len + payload_len - len(self.buffer)
-            want = min(max(missing, _REPLY_READ), _CHUNK)
-        try:
-            chunk = os.read(self.rfd, want)
-        except BlockingIOError:
-            return False
+    def _read_some(self, n: int, deadline: float) -> bytes:
+        self._wait(self.readable, deadline)
+        chunk = os.read(self.rfd, n)
         if not chunk:
             raise EOFError
-        self.buffer += chunk
-        return True
+        return chunk
 
     def read(self, deadline: float) -> bytes:
-        """One frame, whole (see ``_split_frame``); what follows it stays buffered."""
-        while (frame := self._take_frame()) is None:
-            self._wait(self.readable, deadline)
-            self._fill()
-        return frame
-
-    # The same, awaiting the pipe in the event loop instead of blocking in poll.
-
-    @staticmethod
-    async def _ready(fd: int, write: bool, deadline: float) -> None:
-        loop = asyncio.get_running_loop()
-        ready = loop.create_future()
-
-        def wake() -> None:
-            if not ready.done():
-                ready.set_result(None)
-
-        (loop.add_writer if write else loop.add_reader)(fd, wake)
-        try:
-            await asyncio.wait_for(ready, max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            raise _DeadlineError from None
-        finally:
-            (loop.remove_writer if write else loop.remove_reader)(fd)
-
-    async def write_async(self, data: bytes, deadline: float) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[os.write(self.wfd, view[:_CHUNK]) :]
-            except BlockingIOError:
-                await self._ready(self.wfd, True, deadline)
-
-    async def read_async(self, deadline: float) -> bytes:
-        while (frame := self._take_frame()) is None:
-            if not self._fill():
-                await self._ready(self.rfd, False, deadline)
+        """One frame, whole (see ``_split_frame``). Reads ask for more than an answer's
+        usual size, so that one poll and one read take a whole answer, or several when
+        the worker ran ahead; what follows the frame is kept for the next call."""
+        buf = self.buffer
+        while len(buf) < _FRAME.size:
+            buf += self._read_some(_REPLY_READ, deadline)
+        head_len, payload_len = _FRAME.unpack_from(buf)
+        total = _FRAME.size + head_len + payload_len
+        while len(buf) < total:
+            buf += self._read_some(min(max(total - len(buf), _REPLY_READ), _CHUNK), deadline)
+        frame = bytes(buf[:total])
+        del buf[:total]
         return frame
 
     def stop(self) -> int | None:
@@ -666,10 +616,7 @@ class Sandbox:
     analyses the next. Each page still gets ``extract_timeout_s`` of its own, counted
     from when it was written or the answer before it was read, whichever is later (the
     worker starts on it a little before that); a page that times out or kills its worker
-    is rejected alone, and the pages written after it go to the next worker.
-
-    ``analyse_async`` awaits the answer in the event loop instead of blocking in poll: a
-    Faust agent then leaves the loop to the others while the worker analyses."""
+    is rejected alone, and the pages written after it go to the next worker."""
 
     #: Pages written ahead of the one whose answer is awaited.
     LOOKAHEAD = 4
@@ -687,8 +634,6 @@ class Sandbox:
         self._finalizer: weakref.finalize[Any, Sandbox] | None = None
         #: When the current worker last answered (monotonic seconds).
         self._answered = 0.0
-        #: Whether ``analyse_async`` has a page with the worker.
-        self._busy = False
 
     def _ensure_worker(self) -> _Worker:
         if self._worker is None:
@@ -826,67 +771,26 @@ class Sandbox:
             head.result = self._timeout(page)
             return
         except (EOFError, OSError):
-            head.result = self._died_on(page, self._restart(queue))
+            how = self._restart(queue)
+            log.warning("sandbox worker died on page %s (%s): %s", page.page_id, page.url, how)
+            head.result = self._rejected(page, Reason.INTERNAL,
+                                         f"the sandbox worker died on it ({how})")  # fmt: skip
             return
         self._answered = time.monotonic()
-        head.result = self._answer(frame, page, stats)
-        if self._worker is None:  # it retired, or answered nonsense: the pages written
-            self._restart(queue)  # after this one are lost with it
-
-    def _answer(self, frame: bytes, page: RawPage, stats: Stats | None) -> Analysed | Rejected:
-        """The result in the worker's answer ``frame`` for ``page``. Drops the worker if
-        it retires after the page, or if the answer is malformed."""
         try:
             header, payload = _split_frame(frame)
-            result = _result_from(header, payload, page)
+            head.result = _result_from(header, payload, page)
         except (KeyError, TypeError, ValueError) as exc:
-            self._drop_worker()
+            self._restart(queue)
             detail = f"malformed sandbox reply: {type(exc).__name__}: {exc}"[:500]
-            return self._rejected(page, Reason.INTERNAL, detail)
+            head.result = self._rejected(page, Reason.INTERNAL, detail)
+            return
         if stats is not None:
             seconds = header.get("seconds", {})
             for stage in STAGES:
                 stats.seconds[stage] += float(seconds.get(stage, 0.0))
-        if header.get("retire"):
-            self._drop_worker()
-        return result
-
-    async def analyse_async(self, page: RawPage, stats: Stats | None = None) -> Analysed | Rejected:
-        """``analyse``, awaiting the worker's answer in the event loop rather than blocking
-        it: the loop runs its other tasks while the worker analyses. One page at a time;
-        cancelled while the worker has the page, it kills the worker."""
-        refused = refuse_unencodable(page)
-        if refused is not None:
-            return refused
-        if self._busy:
-            raise RuntimeError("Sandbox.analyse_async takes one page at a time")
-        frame = _page_frame(page)
-        for attempt in (1, 2):
-            worker = self._ensure_worker()
-            deadline = time.monotonic() + self.cfg.extract_timeout_s
-            self._busy = True
-            try:
-                try:
-                    await worker.write_async(frame, deadline)
-                except OSError:  # EPIPE: it died before it had the page, so not of it
-                    how = _describe_exit(self._drop_worker())
-                    log.warning("sandbox worker died while idle (%s)", how)
-                    if attempt == 1:
-                        continue
-                    return self._rejected(page, Reason.INTERNAL, f"sandbox workers die ({how})")
-                answer = await worker.read_async(deadline)
-            except _DeadlineError:
-                self._drop_worker()
-                return self._timeout(page)
-            except (EOFError, OSError):
-                return self._died_on(page, _describe_exit(self._drop_worker()))
-            except BaseException:  # cancelled: its answer must not reach the next page
-                self._drop_worker()
-                raise
-            finally:
-                self._busy = False
-            return self._answer(answer, page, stats)
-        raise AssertionError("unreachable")
+        if header.get("retire"):  # it exits now: the pages written after this one are lost
+            self._restart(queue)
 
     def _restart(self, queue: deque[_Pending]) -> str:
         """Kill the worker: the pages written to it and not answered go to the next one.
@@ -895,10 +799,6 @@ class Sandbox:
         for p in queue:
             p.sent = False
         return how
-
-    def _died_on(self, page: RawPage, how: str) -> Rejected:
-        log.warning("sandbox worker died on page %s (%s): %s", page.page_id, page.url, how)
-        return self._rejected(page, Reason.INTERNAL, f"the sandbox worker died on it ({how})")
 
     def _timeout(self, page: RawPage) -> Rejected:
         limit = self.cfg.extract_timeout_s

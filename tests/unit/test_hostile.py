@@ -7,7 +7,6 @@ The engine runs as ``neardup dedup`` runs it: default settings, analysis in the 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import http.server
 import itertools
@@ -744,65 +743,6 @@ def test_sandbox_stream_left_early_leaves_no_stale_answer(rng: random.Random) ->
         stream.close()
         later = _page(page_html(inputs.article(rng)), "later")
         _same_as_in_process(later, sandbox.analyse(later))
-
-
-def test_sandbox_analyse_async_leaves_the_event_loop_free(rng: random.Random) -> None:
-    """While the worker analyses a slow page the loop runs other tasks; the answer is the
-    one ``analyse`` gives, and a page past the time limit is rejected alone."""
-    cfg = CFG.with_overrides(extract_timeout_s=1.0)
-    slow = _page(inputs.attribute_flood(15_000), "slow")  # about a second, under the limit
-    pages = [_page(page_html(inputs.article(rng)), f"p{i}") for i in range(3)]
-
-    async def main() -> tuple[int, list[Analysed | Rejected]]:
-        ticks = 0
-
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
-        ticker = asyncio.create_task(tick())
-        with Sandbox(CFG) as sandbox:
-            out = [await sandbox.analyse_async(slow)]
-            ticked = ticks
-            out += [await sandbox.analyse_async(p) for p in pages]
-        with Sandbox(cfg) as limited:
-            flood = _page(inputs.attribute_flood(60_000), "flood")
-            out.append(await limited.analyse_async(flood))
-            out.append(await limited.analyse_async(pages[0]))
-            assert limited.starts == 2
-        ticker.cancel()
-        return ticked, out
-
-    ticked, out = asyncio.run(main())
-    assert ticked >= 10  # the slow page took 0.1 s at least, and the loop kept ticking
-    for item, boxed in zip([slow, *pages], out[:4], strict=True):
-        _same_as_in_process(item, boxed)
-    check_rejected(out[4], Reason.TIMEOUT, "more than 1.0 s")
-    _same_as_in_process(pages[0], out[5])
-
-
-def test_sandbox_analyse_async_cancelled_leaves_no_stale_answer(rng: random.Random) -> None:
-    """A task cancelled while the worker has its page (a rebalance, a shutdown) kills the
-    worker, so that page's answer never reaches the next one; one page at a time."""
-    slow = _page(inputs.attribute_flood(15_000), "slow")
-    later = _page(page_html(inputs.article(rng)), "later")
-
-    async def main() -> Analysed | Rejected:
-        with Sandbox(CFG) as sandbox:
-            task = asyncio.create_task(sandbox.analyse_async(slow))
-            await asyncio.sleep(0.2)
-            with pytest.raises(RuntimeError, match="one page at a time"):
-                await sandbox.analyse_async(later)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            out = await sandbox.analyse_async(later)
-            assert sandbox.starts == 2
-            return out
-
-    _same_as_in_process(later, asyncio.run(main()))
 
 
 def test_engine_process_many_decides_as_process_does(rng: random.Random) -> None:

@@ -39,7 +39,7 @@ from worker.kafka.wire import (
     analysed_from_json,
     analysed_to_json,
 )
-from worker.records import RawPage, Reason, Rejected
+from worker.records import Reason, Rejected
 from worker.store import KV, check_marker
 
 log = logging.getLogger(__name__)
@@ -84,57 +84,30 @@ def analyse_message(
 
     ``sandbox`` is an ``Engine``'s sandbox (``worker.sandbox``): the engine's ``analyse``
     bounded in time and memory, as ``Engine.process`` runs it; None runs it here."""
-    page = _parsed(raw, cfg, stats)
-    if isinstance(page, RawPage):
-        try:
-            return _counted(
-                sandbox.analyse(page, stats) if sandbox is not None else analyse(page, cfg, stats),
-                stats,
-            )
-        except Exception as exc:  # a bug, not bad input: the page is dead-lettered
-            return _counted(_internal(page, exc), stats)
-    return page
-
-
-async def analyse_message_async(
-    raw: bytes | None, cfg: EngineConfig, stats: Stats, sandbox: Any = None
-) -> Analysed | Rejected:
-    """``analyse_message``, awaiting the sandbox (``Sandbox.analyse_async``): the event
-    loop runs the worker's other agents while a page is analysed."""
-    if sandbox is None:
-        return analyse_message(raw, cfg, stats)
-    page = _parsed(raw, cfg, stats)
-    if isinstance(page, RawPage):
-        try:
-            return _counted(await sandbox.analyse_async(page, stats), stats)
-        except Exception as exc:  # a bug, not bad input: the page is dead-lettered
-            return _counted(_internal(page, exc), stats)
-    return page
-
-
-def _parsed(raw: bytes | None, cfg: EngineConfig, stats: Stats) -> RawPage | Rejected:
-    """The page in a raw message, or its (counted) rejection."""
     stats.pages += 1
-    page = (
-        Rejected(Reason.BAD_JSON, "message has no value")
-        if raw is None
-        else parse_raw(raw, cfg.max_bytes)
-    )
-    if isinstance(page, Rejected):
-        stats.rejects[str(page.reason)] += 1
-    return page
-
-
-def _counted(out: Analysed | Rejected, stats: Stats) -> Analysed | Rejected:
+    out = _analyse_message(raw, cfg, stats, sandbox)
     if isinstance(out, Rejected):
         stats.rejects[str(out.reason)] += 1
     return out
 
 
-def _internal(page: RawPage, exc: Exception) -> Rejected:
-    log.exception("analyse failed on page %s (%s)", page.page_id, page.url)
-    detail = f"{type(exc).__name__}: {exc}"[:500]
-    return Rejected(Reason.INTERNAL, detail, page.page_id, page.url)
+def _analyse_message(
+    raw: bytes | None, cfg: EngineConfig, stats: Stats, sandbox: Any
+) -> Analysed | Rejected:
+    if raw is None:
+        return Rejected(Reason.BAD_JSON, "message has no value")
+    page = parse_raw(raw, cfg.max_bytes)
+    if isinstance(page, Rejected):
+        return page
+    try:
+        result: Analysed | Rejected = (
+            sandbox.analyse(page, stats) if sandbox is not None else analyse(page, cfg, stats)
+        )
+    except Exception as exc:  # a bug, not bad input: the page is dead-lettered
+        log.exception("analyse failed on page %s (%s)", page.page_id, page.url)
+        detail = f"{type(exc).__name__}: {exc}"[:500]
+        return Rejected(Reason.INTERNAL, detail, page.page_id, page.url)
+    return result
 
 
 def drained(
