@@ -31,6 +31,7 @@ import argparse
 import gzip
 import json
 import random
+import re
 import shutil
 import statistics
 import sys
@@ -246,6 +247,7 @@ def slow_downstream(
             time.sleep(1.0)
         out = len(d.decided()) + len(d.rejects())
         elapsed = time.monotonic() - t0
+        metrics = w.fetch("/metrics")[1]
     finally:
         broker.config("--alter", *quota, "--delete-config", "producer_byte_rate")
         d.close()
@@ -265,6 +267,12 @@ def slow_downstream(
     for (t, _), r in zip(samples, mib, strict=True):
         windows[int(t // 600)] = max(windows.get(int(t // 600), 0.0), r)
     print("  peak RSS by 10 minutes (MiB): " + ", ".join(f"{r:.0f}" for r in windows.values()))
+    counters = {
+        name: re.search(rf"^{name} (\S+)$", metrics, re.M)
+        for name in ("neardup_partition_rereads", "neardup_absent_offset_runs_total",
+                     "neardup_raw_pauses_total")
+    }  # fmt: skip
+    print("  " + ", ".join(f"{k} {m.group(1) if m else '?'}" for k, m in counters.items()))
 
 
 def main() -> None:
