@@ -269,7 +269,7 @@ def slow_downstream(
     print("  peak RSS by 10 minutes (MiB): " + ", ".join(f"{r:.0f}" for r in windows.values()))
     counters = {
         name: re.search(rf"^{name} (\S+)$", metrics, re.M)
-        for name in ("neardup_partition_rereads", "neardup_absent_offset_runs_total",
+        for name in ("neardup_partition_rereads_total", "neardup_absent_offset_runs_total",
                      "neardup_raw_pauses_total")
     }  # fmt: skip
     print("  " + ", ".join(f"{k} {m.group(1) if m else '?'}" for k, m in counters.items()))
