@@ -8,9 +8,9 @@ extract, normalise, template filter, fingerprint, index, decide, cluster), with 
 state in a temporary directory, and with its page sandbox: a child process analyses
 the next pages while this one decides (``Engine.process_many``), so neardup's pages/s
 on the clock use more than one core; its CPU seconds (this process and its children)
-are printed too, as pages per CPU-second. The reference pipeline is decode, trafilatura, jieba,
-and a tf-weighted SimHash: what a straightforward implementation costs per page.
-Also prints each stage's share of neardup's time and the bytes on disk per page.
+are printed too, as pages per CPU-second. The reference pipeline is decode,
+trafilatura, jieba, and a tf-weighted SimHash: what a straightforward implementation
+costs per page. Also prints neardup's time by stage and the bytes on disk per page.
 """
 
 from __future__ import annotations

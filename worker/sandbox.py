@@ -706,7 +706,12 @@ class Sandbox:
         refused = refuse_unencodable(item)  # here too: the sandbox's own dead letters
         if refused is not None:
             return _Pending(item, result=refused)
-        return _Pending(item, _page_frame(item))
+        try:
+            return _Pending(item, _page_frame(item))
+        except Exception as exc:  # no memory for the frame: the page, not the stream, fails
+            log.exception("page %s (%s): no frame for the sandbox", item.page_id, item.url)
+            detail = f"{type(exc).__name__}: {exc}"[:500]
+            return _Pending(item, result=Rejected(Reason.INTERNAL, detail, item.page_id, item.url))
 
     @staticmethod
     def _in_flight(queue: deque[_Pending]) -> int:

@@ -732,6 +732,28 @@ def test_sandbox_stream_a_crash_or_a_retirement_costs_no_other_page(rng: random.
     _check_stream(out, items, {"slow": (Reason.INTERNAL, "killed by SIGSEGV")})
 
 
+def test_sandbox_stream_a_page_without_a_frame_fails_alone(
+    rng: random.Random, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page whose frame cannot be built (no memory for it) is rejected as internal; the
+    stream goes on with the others."""
+    from worker import sandbox as sandbox_module
+
+    build = sandbox_module._page_frame
+
+    def frame(page: RawPage) -> bytes:
+        if page.page_id == "huge":
+            raise MemoryError("no memory for the frame")
+        return build(page)
+
+    monkeypatch.setattr(sandbox_module, "_page_frame", frame)
+    items = [_page(page_html(inputs.article(rng)), f"p{i}") for i in range(4)]
+    items.insert(1, _page(page_html(inputs.article(rng)), "huge"))
+    with Sandbox(CFG) as sandbox:
+        out = list(sandbox.stream(items))
+    _check_stream(out, items, {"huge": (Reason.INTERNAL, "MemoryError: no memory")})
+
+
 def test_sandbox_stream_left_early_leaves_no_stale_answer(rng: random.Random) -> None:
     """A caller that stops reading a stream with pages still written ahead must not get
     their answers for its next page."""
