@@ -535,8 +535,10 @@ class _Worker:
 
     @staticmethod
     def _wait(poller: select.poll, deadline: float) -> None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not poller.poll(remaining * 1000):
+        # Past the deadline, what is there already still counts: a caller that came back
+        # late to a stream (its event loop busy elsewhere) finds answers waiting.
+        remaining = max(deadline - time.monotonic(), 0.0)
+        if not poller.poll(remaining * 1000):
             raise _DeadlineError
 
     def write(self, data: bytes, deadline: float) -> None:

@@ -767,6 +767,20 @@ def test_sandbox_stream_left_early_leaves_no_stale_answer(rng: random.Random) ->
         _same_as_in_process(later, sandbox.analyse(later))
 
 
+def test_sandbox_stream_read_late_still_takes_the_answers_waiting(rng: random.Random) -> None:
+    """A caller away longer than the time limit between two pages (the worker's event
+    loop running other agents) finds the pages written ahead answered, not timed out."""
+    cfg = CFG.with_overrides(extract_timeout_s=0.5)
+    items = [_page(page_html(inputs.article(rng)), f"p{i}") for i in range(4)]
+    with Sandbox(cfg) as sandbox:
+        out = []
+        for item, boxed in sandbox.stream(items):
+            out.append((item, boxed))
+            time.sleep(1.0)
+        assert sandbox.starts == 1
+    _check_stream(out, items, {})
+
+
 def test_engine_process_many_decides_as_process_does(rng: random.Random) -> None:
     texts = [inputs.article(rng) for _ in range(6)]
     lines = [good_line(rng, f"https://ok.example.cn/{i}") for i in range(6)]
