@@ -104,6 +104,15 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 30.0)
         await asyncio.sleep(0.01)
 
 
+async def analysed(rec: Recorder, n: int) -> None:
+    """Wait for the analyse agent to have forwarded or dead-lettered ``n`` pages (it takes
+    them in batches: a page put may be handled after ``put`` returns)."""
+    await until(
+        lambda: len(rec.values("sequencer")) + len(rec.values("rejected-pages")) == n,
+        f"{n} pages analysed",
+    )
+
+
 def test_analyse_forwards_pages_with_their_offsets_and_dead_letters_the_rest(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -121,6 +130,7 @@ def test_analyse_forwards_pages_with_their_offsets_and_dead_letters_the_rest(
             await agent.put(value=bad[0], key=b"k", partition=1)
             await agent.put(value=line(bad_b64).encode(), key=b"k", partition=1)
             await agent.put(value=line(PDF).encode(), key=b"k", partition=1)
+            await analysed(rec, len(pages) + 3)
 
     with caplog.at_level(logging.INFO, logger="worker.kafka"):
         run(go)
@@ -155,6 +165,7 @@ def test_sequence_decides_like_the_engine_and_flushes_before_publishing(tmp_path
         async with worker.analyse_agent.test_context() as agent:
             for p in pages:
                 await agent.put(value=line(p).encode(), key=b"k", partition=0)
+            await analysed(rec, len(pages))
         forwarded = rec.values("sequencer")
         async with worker.sequence_agent.test_context() as agent:
             for v in forwarded:
@@ -182,6 +193,7 @@ def test_a_redelivered_page_gets_its_stored_decision_and_no_other(tmp_path: Path
     async def go() -> None:
         async with worker.analyse_agent.test_context() as agent:
             await agent.put(value=line(msg).encode(), key=b"k", partition=0)
+            await analysed(rec, 1)
         (page_msg,) = rec.values("sequencer")
         async with worker.sequence_agent.test_context() as agent:
             await agent.put(value=page_msg, partition=0)
@@ -342,6 +354,7 @@ def test_routed_agents_probe_buckets_by_key_and_decide_like_the_engine(tmp_path:
         async with worker.analyse_agent.test_context() as agent:
             for p in pages:
                 await agent.put(value=line(p).encode(), key=b"k", partition=0)
+            await analysed(rec, len(pages))
         inbox = [v for _, v in rec.take("sequencer")]
         inbox.append(wire.encode(wire.MarksMsg(3, tuple(wire.Mark(p, 10_000) for p in range(3)))))
         async with (

@@ -238,6 +238,9 @@ def test_a_page_says_below_which_offset_every_message_was_handled() -> None:
     assert handled_below(c, "tp", 13) == 13
     assert handled_below(_Consumer(None, []), "tp", 5) == 5  # no commit known: trusted
     assert handled_below(_Consumer(20, []), "tp", 5) == 20  # a copy of a committed one
+    # earlier in the same batch, handled but not acknowledged yet
+    assert handled_below(_Consumer(10, [10]), "tp", 13, {11, 12}) == 13
+    assert handled_below(_Consumer(10, [10]), "tp", 13, {12}) == 11
 
 
 def test_runs_missing_are_the_offsets_with_no_message_up_to_the_stop() -> None:

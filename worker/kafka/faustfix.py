@@ -25,7 +25,7 @@ the consumer thread and stalled partitions, and was taken out.)
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from typing import Any
 
 log = logging.getLogger("worker.kafka")
@@ -241,10 +241,13 @@ def read_from(consumer: Any, sought: dict[Any, int]) -> None:
             consumer._read_offset[tp] = offset
 
 
-def handled_below(consumer: Any, tp: Any, offset: int) -> int:
+def handled_below(
+    consumer: Any, tp: Any, offset: int, handled: Container[int] = frozenset()
+) -> int:
     """While the message at ``offset`` of ``tp`` is being handled: the offset below which
     every message of the partition was handled, counting from the committed offset (or
-    the one being committed) over acknowledged offsets and offsets the topic does not
+    the one being committed) over acknowledged offsets, offsets in ``handled`` (handled
+    and not acknowledged yet: earlier in the same batch) and offsets the topic does not
     have (gaps). ``offset`` itself (or more) when nothing before it is missing, or when
     no commit is known yet. Less when a message before it was skipped (see
     ``no_skipped_acks``): it will be read again."""
@@ -257,7 +260,9 @@ def handled_below(consumer: Any, tp: Any, offset: int) -> int:
     acked = consumer._acked_index.get(tp) or ()
     gaps = consumer._gap.get(tp)
     at = int(committed)
-    while at < offset and (at in acked or (gaps is not None and gaps.overlaps(at))):
+    while at < offset and (
+        at in acked or at in handled or (gaps is not None and gaps.overlaps(at))
+    ):
         at += 1
     return at
 

@@ -1,6 +1,6 @@
 """The worker's stages as plain objects: what the agents call, with no Kafka in them.
 
-* ``analyse_message``: one raw message to an analysed page or a rejection (pure; runs on
+* ``analyse_messages``: raw messages to analysed pages or rejections (pure; runs on
   every worker, for the partitions it owns).
 * ``DecideStage``: the sequencing stage and, after it, the stateful stages — template
   filter, index, decide, cluster — through ``Engine``. It turns sequencer messages into
@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -39,7 +39,7 @@ from worker.kafka.wire import (
     analysed_from_json,
     analysed_to_json,
 )
-from worker.records import Reason, Rejected
+from worker.records import RawPage, Reason, Rejected
 from worker.store import KV, check_marker
 
 log = logging.getLogger(__name__)
@@ -84,30 +84,44 @@ def analyse_message(
 
     ``sandbox`` is an ``Engine``'s sandbox (``worker.sandbox``): the engine's ``analyse``
     bounded in time and memory, as ``Engine.process`` runs it; None runs it here."""
-    stats.pages += 1
-    out = _analyse_message(raw, cfg, stats, sandbox)
-    if isinstance(out, Rejected):
-        stats.rejects[str(out.reason)] += 1
+    [out] = analyse_messages([raw], cfg, stats, sandbox)
     return out
 
 
-def _analyse_message(
-    raw: bytes | None, cfg: EngineConfig, stats: Stats, sandbox: Any
-) -> Analysed | Rejected:
+def analyse_messages(
+    raws: Iterable[bytes | None], cfg: EngineConfig, stats: Stats, sandbox: Any = None
+) -> Generator[Analysed | Rejected, None, None]:
+    """``analyse_message`` of each of ``raws``, in order. With a sandbox its child analyses
+    the next pages while the caller handles one (``Sandbox.stream``, as
+    ``Engine.process_many``); ``raws`` is read a few messages ahead."""
+    pages = (_parse_message(raw, cfg) for raw in raws)
+    results: Iterable[Analysed | Rejected]
+    if sandbox is None:
+        results = (_analyse_here(page, cfg, stats) for page in pages)
+    else:
+        results = (result for _, result in sandbox.stream(pages, stats))
+    for out in results:
+        stats.pages += 1
+        if isinstance(out, Rejected):
+            stats.rejects[str(out.reason)] += 1
+        yield out
+
+
+def _parse_message(raw: bytes | None, cfg: EngineConfig) -> RawPage | Rejected:
     if raw is None:
         return Rejected(Reason.BAD_JSON, "message has no value")
-    page = parse_raw(raw, cfg.max_bytes)
+    return parse_raw(raw, cfg.max_bytes)
+
+
+def _analyse_here(page: RawPage | Rejected, cfg: EngineConfig, stats: Stats) -> Analysed | Rejected:
     if isinstance(page, Rejected):
         return page
     try:
-        result: Analysed | Rejected = (
-            sandbox.analyse(page, stats) if sandbox is not None else analyse(page, cfg, stats)
-        )
+        return analyse(page, cfg, stats)
     except Exception as exc:  # a bug, not bad input: the page is dead-lettered
         log.exception("analyse failed on page %s (%s)", page.page_id, page.url)
         detail = f"{type(exc).__name__}: {exc}"[:500]
         return Rejected(Reason.INTERNAL, detail, page.page_id, page.url)
-    return result
 
 
 def drained(
