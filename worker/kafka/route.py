@@ -24,7 +24,6 @@ Nothing here knows Kafka; the agents in ``worker.kafka.app`` carry the messages.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -34,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 
 from worker.config import EngineConfig
 from worker.decide import candidates
@@ -266,7 +266,7 @@ class RoutedStage(DecideStage):
         self.flights, self.flying, self.flying_keys = {}, Counter(), set()
         out: list[Emit] = []
         for k, v in self.journal.scan(_FLIGHT):
-            obj = json.loads(v)
+            obj = orjson.loads(v)
             seq = int.from_bytes(k[len(_FLIGHT) :], "big")
             flight = Flight(seq, analysed_from_json(obj["a"]), float(obj["ts"]), obj["repeat"])
             self._fly(flight)
@@ -326,7 +326,7 @@ class RoutedStage(DecideStage):
         body = {"a": analysed_to_json(page), "ts": since, "repeat": repeat}
         self.journal.put_many(
             [
-                (_flight_key(flight.seq), json.dumps(body, ensure_ascii=False).encode()),
+                (_flight_key(flight.seq), orjson.dumps(body)),
                 (_NEXT_SEQ, str(self.next_seq).encode()),
             ]
         )

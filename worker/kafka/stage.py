@@ -25,6 +25,8 @@ from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
+
 from worker.config import EngineConfig
 from worker.contract import parse_raw
 from worker.engine import Analysed, Engine, Merge, Outcome, Stats, analyse
@@ -218,7 +220,7 @@ class DecideStage:
             (int.from_bytes(k[n:], "big"), Progress.from_bytes(v)) for k, v in kv.scan(_PROGRESS)
         ]
         pending = [
-            (key_from_bytes(k[len(_PENDING) :]), float(json.loads(v).get("in", -math.inf)))
+            (key_from_bytes(k[len(_PENDING) :]), float(orjson.loads(v).get("in", -math.inf)))
             for k, v in kv.scan(_PENDING)
         ]
         self.sequencer = Sequencer(self.order_wait)
@@ -352,7 +354,7 @@ class DecideStage:
             pending = {"ts": msg.timestamp, "a": msg.as_read or analysed_to_json(a)}
             if math.isfinite(arrived):
                 pending["in"] = arrived
-            value = json.dumps(pending, ensure_ascii=False).encode()
+            value = orjson.dumps(pending)
             self.journal.put_many([(_PENDING + key_bytes(key), value)])
         self.journal.apply(0)
         if stored is not None:  # decided before: redelivered, or crawled again
@@ -373,7 +375,7 @@ class DecideStage:
             if raw is None:  # cannot happen unless the store lost a write
                 log.error("pending page %s vanished from the sequencer's store", key)
                 continue
-            pending = json.loads(raw)
+            pending = orjson.loads(raw)
             a = analysed_from_json(pending["a"])
             t0 = time.perf_counter()
             out.extend(self._released(a, float(pending["ts"])))

@@ -8,11 +8,12 @@ Python reads back exactly. ``decode(encode(m)) == m`` for every message (bodies 
 from __future__ import annotations
 
 import base64
-import json
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+import orjson
 
 from worker.engine import Analysed
 from worker.fingerprint import Fingerprints
@@ -218,7 +219,7 @@ def _body(msg: AnyMsg) -> dict[str, Any]:  # noqa: PLR0911 - one branch per type
 
 def encode(msg: AnyMsg) -> bytes:
     body = {"v": WIRE_VERSION, **_body(msg)}
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    return orjson.dumps(body)
 
 
 def _bytes(s: str | None) -> bytes:
@@ -260,7 +261,7 @@ def _from(obj: dict[str, Any]) -> AnyMsg:  # noqa: PLR0911 - one branch per type
 def decode_any(raw: bytes) -> AnyMsg:
     """Any internal message; ``WireError`` if it cannot be read."""
     try:
-        obj = json.loads(raw)
+        obj = orjson.loads(raw)
     except ValueError as exc:
         raise WireError(f"not JSON: {exc}") from exc
     if not isinstance(obj, dict) or obj.get("v") != WIRE_VERSION:
