@@ -104,11 +104,17 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 30.0)
         await asyncio.sleep(0.01)
 
 
+def sequenced(rec: Recorder) -> list[bytes]:
+    """The pages the analyse agent sent the sequencer (a batch's pages go framed as one
+    message)."""
+    return [item for v in rec.values("sequencer") for item in wire.unframe(v)]
+
+
 async def analysed(rec: Recorder, n: int) -> None:
     """Wait for the analyse agent to have forwarded or dead-lettered ``n`` pages (it takes
     them in batches: a page put may be handled after ``put`` returns)."""
     await until(
-        lambda: len(rec.values("sequencer")) + len(rec.values("rejected-pages")) == n,
+        lambda: len(sequenced(rec)) + len(rec.values("rejected-pages")) == n,
         f"{n} pages analysed",
     )
 
@@ -134,7 +140,7 @@ def test_analyse_forwards_pages_with_their_offsets_and_dead_letters_the_rest(
 
     with caplog.at_level(logging.INFO, logger="worker.kafka"):
         run(go)
-    forwarded = [wire.decode(v) for v in rec.values("sequencer")]
+    forwarded = [wire.decode(v) for v in sequenced(rec)]
     assert [type(m) for m in forwarded] == [wire.PageMsg, wire.PageMsg]
     assert [(m.partition, m.offset) for m in forwarded if isinstance(m, wire.PageMsg)] == [
         (1, 0),
@@ -148,6 +154,28 @@ def test_analyse_forwards_pages_with_their_offsets_and_dead_letters_the_rest(
     logged = [r.getMessage() for r in caplog.records if "page rejected" in r.getMessage()]
     assert len(logged) == 3
     assert all("partition=1" in m and "offset=" in m and "topic=" in m for m in logged)
+
+
+def test_a_batch_of_pages_goes_to_the_sequencer_framed_in_order(tmp_path: Path) -> None:
+    """Pages taken in one batch reach the sequencer as one framed message, in their
+    order, each with its offset; a dead letter among them goes out on its own."""
+    worker, rec = _worker(tmp_path)
+    pages = gold_stream()[0][:6]
+    values = [line(p).encode() for p in pages]
+    values.insert(2, b"{not json")
+
+    async def go() -> None:
+        async with worker.analyse_agent.test_context() as agent:
+            for v in values:
+                await agent.put(value=v, key=b"k", partition=0, wait=False)
+            await analysed(rec, len(values))
+
+    run(go)
+    assert len(rec.values("sequencer")) < len(pages)
+    forwarded = [wire.decode(v) for v in sequenced(rec)]
+    offsets = [m.offset for m in forwarded if isinstance(m, wire.PageMsg)]
+    assert offsets == [0, 1, 3, 4, 5, 6]
+    assert [json.loads(v)["reason"] for v in rec.values("rejected-pages")] == ["bad_json"]
 
 
 def test_sequence_decides_like_the_engine_and_flushes_before_publishing(tmp_path: Path) -> None:

@@ -69,6 +69,10 @@ EVENT_WAIT_S = 0.01
 #: next pages of a batch while the agent forwards one; the loop runs the other agents
 #: between two pages.
 ANALYSE_BATCH = 32
+#: A batch's analysed pages go to the sequencer as one framed message (``wire.frame``) of
+#: about this many bytes at most: one record to produce and one event to take, not one a
+#: page. (The internal topics take messages up to ``STATE_MAX_MESSAGE_BYTES``.)
+SEQUENCER_FRAME_BYTES = 1 << 20
 PRODUCER_BATCH_BYTES = 1 << 20
 #: How long a message that no agent took may hold a partition's commits back before the
 #: partition is read again from it (``Worker.unstick``).
@@ -318,18 +322,31 @@ class Worker:
         sandbox = self.stage.engine.sandbox
         results = analyse_messages((e.value for e in events), self.cfg, self.analyse_stats, sandbox)
         handled: dict[Any, set[int]] = {}  # per partition: offsets forwarded in this batch
+        framed: list[bytes] = []  # pages for the sequencer, sent as one message
         try:
             t0 = time.perf_counter()
             for event, result in zip(events, results, strict=True):
                 self.metrics.observe_analyse(time.perf_counter() - t0)
-                await self._forward(event, result, handled.setdefault(event.message.tp, set()))
+                tp = event.message.tp
+                await self._forward(event, result, handled.setdefault(tp, set()), framed)
+                if sum(map(len, framed)) >= SEQUENCER_FRAME_BYTES:
+                    await self._send_framed(framed)
                 await asyncio.sleep(0)  # what the other agents published goes out meanwhile
                 t0 = time.perf_counter()
+            await self._send_framed(framed)
         finally:
             results.close()  # left early (stopping): the child drops the pages written ahead
 
-    async def _forward(self, event: Any, result: Analysed | Rejected, handled: set[int]) -> None:
-        """Send one raw page's result on, and add its offset to ``handled``."""
+    async def _send_framed(self, framed: list[bytes]) -> None:
+        if framed:
+            await self.send(self.sequence, None, wire.frame(framed), None)
+            framed.clear()
+
+    async def _forward(
+        self, event: Any, result: Analysed | Rejected, handled: set[int], framed: list[bytes]
+    ) -> None:
+        """A raw page's result: a dead letter sent now, or a page for the sequencer added
+        to ``framed``, sent before any later page; its offset added to ``handled``."""
         msg = event.message
         if isinstance(result, Rejected):
             log.info(
@@ -348,7 +365,7 @@ class Worker:
             ts = float(msg.timestamp or 0.0)
             clear = faustfix.handled_below(self.app.consumer, msg.tp, msg.offset, handled)
             page = wire.PageMsg(msg.partition, msg.offset, self.raw_partitions(), result, ts, clear)
-            await self.send(self.sequence, result.page.page_id.encode(), wire.encode(page), None)
+            framed.append(wire.encode(page))
         handled.add(msg.offset)
 
     async def on_sequence(self, events: list[Any]) -> None:
