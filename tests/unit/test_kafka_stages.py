@@ -548,6 +548,24 @@ def test_a_probe_sent_again_answers_the_same_and_adds_once(gold: list[Analysed])
     assert answers[0] is None and len(np.frombuffer(entries or b"", dtype=ENTRY)) == 5
 
 
+def test_an_empty_bucket_answers_nothing_and_takes_the_entry(gold: list[Analysed]) -> None:
+    """The empty bucket's shortcut (no numpy) answers as the general path does: nothing
+    before the page, and the page's entry with its sequence number, if it is added."""
+    from worker.kafka.route import _probe_filled, probe_bucket
+
+    index = DecideStage(ScanMemoryKV(), CFG).engine.index
+    a = gold[0]
+    entry = np.asarray(make_entry(a.pid, a.fps, a.order)).tobytes()
+    for stored in (None, b""):
+        looked = wire.ProbeMsg(9, a.pid, False, entry, ())
+        assert probe_bucket(index, stored, stored, looked) == (None, None)
+        assert _probe_filled(index, stored, stored, looked) == (None, None)
+        added = wire.ProbeMsg(9, a.pid, True, entry, ())
+        seqs = np.array([9], dtype="<u8").tobytes()
+        assert probe_bucket(index, stored, stored, added) == (None, (entry, seqs))
+        assert _probe_filled(index, stored, stored, added) == (None, (entry, seqs))
+
+
 # -- crashes: the store keeps a prefix of its writes, the input is delivered again ---------
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import struct
 import time
 import zlib
 from collections import Counter
@@ -62,6 +63,7 @@ log = logging.getLogger(__name__)
 _FLIGHT = b"\x01I"  # + seq (8 bytes) -> a page in flight: {"a", "ts", "repeat"}
 _NEXT_SEQ = b"\x01S"  # -> the next sequence number
 _SEQS = b"\x00seq"  # suffix of a bucket's sequence numbers, beside the bucket
+_SEQ = struct.Struct("<Q")  # one of them
 
 
 def route(key: bytes, partitions: int) -> int:
@@ -161,6 +163,21 @@ def probe_bucket(
     The answer leaves out entries of later pages, so a probe sent again answers the
     same; the page's entry is added once (``KVIndex.appended``: expired entries go, a
     full bucket takes nothing)."""
+    if not stored:  # most buckets a page probes are empty: answered without numpy
+        if not probe.append:
+            return None, None
+        new = index.appended(None, np.frombuffer(probe.entry, dtype=ENTRY))
+        if new is None:
+            return None, None
+        return None, (new, _SEQ.pack(probe.seq) * (len(new) // ENTRY.itemsize))
+    return _probe_filled(index, stored, seqs, probe)
+
+
+def _probe_filled(
+    index: KVIndex, stored: bytes | None, seqs: bytes | None, probe: ProbeMsg
+) -> tuple[bytes | None, tuple[bytes, bytes] | None]:
+    """``probe_bucket`` for any bucket, empty ones too (with numpy: 10 times slower on an
+    empty one, ``bench/probe.py``)."""
     entries = np.frombuffer(stored or b"", dtype=ENTRY)
     order_seqs = np.frombuffer(seqs or b"", dtype="<u8")
     before = order_seqs < probe.seq
