@@ -781,6 +781,25 @@ def test_sandbox_stream_read_late_still_takes_the_answers_waiting(rng: random.Ra
     _check_stream(out, items, {})
 
 
+def test_the_workers_batch_left_early_leaves_no_stale_answer(rng: random.Random) -> None:
+    """The worker's batch (``analyse_messages``) closed halfway, as when the worker stops
+    mid-batch: the sandbox's next page gets its own answer, not one written ahead."""
+    from worker.engine import Stats
+    from worker.kafka.stage import analyse_messages
+
+    raws = [good_line(rng, f"https://a.example.cn/p{i}") for i in range(8)]
+    with Sandbox(CFG) as sandbox:
+        results = analyse_messages(raws, CFG, Stats(), sandbox)
+        done = [next(results) for _ in range(2)]
+        results.close()
+        later = _page(page_html(inputs.article(rng)), "later")
+        _same_as_in_process(later, sandbox.analyse(later))
+    assert [a.page.url for a in done if isinstance(a, Analysed)] == [
+        "https://a.example.cn/p0",
+        "https://a.example.cn/p1",
+    ]
+
+
 def test_engine_process_many_decides_as_process_does(rng: random.Random) -> None:
     texts = [inputs.article(rng) for _ in range(6)]
     lines = [good_line(rng, f"https://ok.example.cn/{i}") for i in range(6)]

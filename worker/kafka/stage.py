@@ -97,16 +97,18 @@ def analyse_messages(
     the next pages while the caller handles one (``Sandbox.stream``, as
     ``Engine.process_many``); ``raws`` is read a few messages ahead."""
     pages = (_parse_message(raw, cfg) for raw in raws)
-    results: Iterable[Analysed | Rejected]
     if sandbox is None:
-        results = (_analyse_here(page, cfg, stats) for page in pages)
+        stream = ((page, _analyse_here(page, cfg, stats)) for page in pages)
     else:
-        results = (result for _, result in sandbox.stream(pages, stats))
-    for out in results:
-        stats.pages += 1
-        if isinstance(out, Rejected):
-            stats.rejects[str(out.reason)] += 1
-        yield out
+        stream = sandbox.stream(pages, stats)
+    try:
+        for _, out in stream:
+            stats.pages += 1
+            if isinstance(out, Rejected):
+                stats.rejects[str(out.reason)] += 1
+            yield out
+    finally:
+        stream.close()  # left early: the sandbox's child drops the pages written ahead
 
 
 def _parse_message(raw: bytes | None, cfg: EngineConfig) -> RawPage | Rejected:
