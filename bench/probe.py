@@ -12,7 +12,6 @@ asserts nothing.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -23,14 +22,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DATA, raw_lines
+from bench.common import analysed_pages, micro_args
 from worker.config import EngineConfig
-from worker.contract import parse_raw
-from worker.engine import Analysed, analyse
 from worker.index import KVIndex, make_entry
 from worker.kafka import wire
 from worker.kafka.route import _probe_filled, probe_bucket
-from worker.records import Rejected
 from worker.store import MemoryKV
 
 Probe = Callable[[KVIndex, bytes | None, bytes | None, wire.ProbeMsg], object]
@@ -45,23 +41,16 @@ def _us_a_probe(f: Probe, index: KVIndex, probes: list[wire.ProbeMsg], repeat: i
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=DATA / "neardup-dev")
-    ap.add_argument("--pages", type=int, default=300)
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args()
+    args = micro_args(__doc__ or "")
     cfg = EngineConfig()
     index = KVIndex(MemoryKV(), cfg)
     probes: list[wire.ProbeMsg] = []
     buckets: list[int] = []
-    for line in raw_lines(args.data / "pages.jsonl.gz")[: args.pages]:
-        page = parse_raw(line, cfg.max_bytes)
-        a = page if isinstance(page, Rejected) else analyse(page, cfg)
-        if isinstance(a, Analysed):
-            sim_keys, str_keys = index.keys(a.fps)
-            buckets.append(len(sim_keys) + len(str_keys))
-            entry = np.asarray(make_entry(a.pid, a.fps, a.order)).tobytes()
-            probes.append(wire.ProbeMsg(len(probes), a.pid, True, entry, ()))
+    for a in analysed_pages(args.data, args.pages, cfg):
+        sim_keys, str_keys = index.keys(a.fps)
+        buckets.append(len(sim_keys) + len(str_keys))
+        entry = np.asarray(make_entry(a.pid, a.fps, a.order)).tobytes()
+        probes.append(wire.ProbeMsg(len(probes), a.pid, True, entry, ()))
     print(f"{len(probes)} analysed pages, {statistics.mean(buckets):.1f} buckets a page probed")
     fast, general = [], []
     for _ in range(args.rounds):

@@ -10,7 +10,6 @@ rounds in microseconds a page; asserts nothing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -23,12 +22,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DATA, raw_lines
+from bench.common import analysed_pages, micro_args
 from worker.config import EngineConfig
-from worker.contract import parse_raw
-from worker.engine import Analysed, analyse
 from worker.kafka import wire
-from worker.records import Rejected
 
 
 def _median_us(f: Callable[[Any], object], xs: Sequence[Any], rounds: int) -> float:
@@ -42,18 +38,9 @@ def _median_us(f: Callable[[Any], object], xs: Sequence[Any], rounds: int) -> fl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=DATA / "neardup-dev")
-    ap.add_argument("--pages", type=int, default=300)
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args()
-    cfg = EngineConfig()
-    msgs = []
-    for i, line in enumerate(raw_lines(args.data / "pages.jsonl.gz")[: args.pages]):
-        page = parse_raw(line, cfg.max_bytes)
-        out = page if isinstance(page, Rejected) else analyse(page, cfg)
-        if isinstance(out, Analysed):
-            msgs.append(wire.PageMsg(0, i, 4, out, 1.0, i))
+    args = micro_args(__doc__ or "")
+    pages = analysed_pages(args.data, args.pages, EngineConfig())
+    msgs = [wire.PageMsg(0, i, 4, a, 1.0, i) for i, a in enumerate(pages)]
 
     def body(m: wire.PageMsg) -> dict[str, Any]:
         return {"v": wire.WIRE_VERSION, **wire._body(m)}

@@ -237,6 +237,13 @@ def analyse(  # noqa: PLR0911
     )
 
 
+def internal_rejection(page: RawPage, exc: Exception) -> Rejected:
+    """A page dead-lettered for a bug (an exception), logged with its traceback once."""
+    log.exception("engine failed on page %s (%s)", page.page_id, page.url)
+    detail = f"{type(exc).__name__}: {exc}"[:500]
+    return Rejected(Reason.INTERNAL, detail, page.page_id, page.url)
+
+
 def prose_strings(prose: tuple[str, ...], cfg: EngineConfig) -> tuple[int, ...]:
     """Hashed period strings of a page's prose, normalised like its main text."""
     if not prose:
@@ -430,7 +437,7 @@ class Engine:
         try:
             analysed = self.sandbox.analyse(page, self.stats)
         except Exception as exc:  # a bug, not bad input: logged once, page dead-lettered
-            analysed = self._internal(page, exc)
+            analysed = internal_rejection(page, exc)
         return self._finish(page, analysed)
 
     def process_many(self, pages: Iterable[RawPage | Rejected]) -> Iterator[Outcome | Rejected]:
@@ -460,7 +467,7 @@ class Engine:
             self.kv.commit()
         except Exception as exc:  # a bug, not bad input: logged once, page dead-lettered
             self.kv.rollback()
-            rejected = self._internal(page, exc)
+            rejected = internal_rejection(page, exc)
             self.stats.rejects[str(Reason.INTERNAL)] += 1
             return rejected
         if outcome.repeated:
@@ -468,12 +475,6 @@ class Engine:
         self.stats.decisions[outcome.decision["decision"]] += 1
         self.stats.merges += len(outcome.merges)
         return outcome
-
-    @staticmethod
-    def _internal(page: RawPage, exc: Exception) -> Rejected:
-        log.exception("engine failed on page %s (%s)", page.page_id, page.url)
-        detail = f"{type(exc).__name__}: {exc}"[:500]
-        return Rejected(Reason.INTERNAL, detail, page.page_id, page.url)
 
     def cluster_of(self, page_id: str) -> str:
         return self.clusters.cluster_of(page_pid(page_id))

@@ -24,7 +24,7 @@ from worker.index import ENTRY, make_entry
 from worker.kafka import wire
 from worker.kafka.journal import JOURNAL_KEY, JournalKV, decode_ops, encode_ops
 from worker.kafka.sequence import Progress, Sequencer, key_bytes, key_from_bytes
-from worker.kafka.stage import DecideStage, Emit, analyse_message
+from worker.kafka.stage import DecideStage, Emit, analyse_messages
 from worker.records import RawPage, Reason, Rejected
 from worker.store import MemoryKV
 
@@ -39,7 +39,7 @@ class ScanMemoryKV(MemoryKV):
 
 
 def _analysed(msg: dict[str, str]) -> Analysed:
-    out = analyse_message(line(msg).encode(), CFG, Stats())
+    [out] = analyse_messages([line(msg).encode()], CFG, Stats())
     assert isinstance(out, Analysed), out
     return out
 
@@ -402,7 +402,7 @@ def test_analyse_message_rejects_without_raising() -> None:
             Reason.BAD_BASE64,
         ),
     ):
-        out = analyse_message(raw, CFG, stats)
+        [out] = analyse_messages([raw], CFG, stats)
         assert isinstance(out, Rejected) and out.reason is reason
     assert stats.pages == 4 and sum(stats.rejects.values()) == 4
 

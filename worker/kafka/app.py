@@ -323,30 +323,31 @@ class Worker:
         results = analyse_messages((e.value for e in events), self.cfg, self.analyse_stats, sandbox)
         handled: dict[Any, set[int]] = {}  # per partition: offsets forwarded in this batch
         framed: list[bytes] = []  # pages for the sequencer, sent as one message
+        size = 0
         try:
             t0 = time.perf_counter()
             for event, result in zip(events, results, strict=True):
                 self.metrics.observe_analyse(time.perf_counter() - t0)
-                tp = event.message.tp
-                await self._forward(event, result, handled.setdefault(tp, set()), framed)
-                if sum(map(len, framed)) >= SEQUENCER_FRAME_BYTES:
-                    await self._send_framed(framed)
+                handled_here = handled.setdefault(event.message.tp, set())
+                page = await self._forward(event, result, handled_here)
+                if page is not None:
+                    framed.append(page)
+                    size += len(page)
+                if size >= SEQUENCER_FRAME_BYTES:
+                    await self.send(self.sequence, None, wire.frame(framed), None)
+                    framed, size = [], 0
                 await asyncio.sleep(0)  # what the other agents published goes out meanwhile
                 t0 = time.perf_counter()
-            await self._send_framed(framed)
+            if framed:
+                await self.send(self.sequence, None, wire.frame(framed), None)
         finally:
             results.close()  # left early (stopping): the child drops the pages written ahead
 
-    async def _send_framed(self, framed: list[bytes]) -> None:
-        if framed:
-            await self.send(self.sequence, None, wire.frame(framed), None)
-            framed.clear()
-
     async def _forward(
-        self, event: Any, result: Analysed | Rejected, handled: set[int], framed: list[bytes]
-    ) -> None:
-        """A raw page's result: a dead letter sent now, or a page for the sequencer added
-        to ``framed``, sent before any later page; its offset added to ``handled``."""
+        self, event: Any, result: Analysed | Rejected, handled: set[int]
+    ) -> bytes | None:
+        """A raw page's result: a dead letter sent now, or the page's sequencer message,
+        returned to be sent before any later page; its offset added to ``handled``."""
         msg = event.message
         if isinstance(result, Rejected):
             log.info(
@@ -361,12 +362,14 @@ class Worker:
             )
             key = result.page_id.encode() if result.page_id else None
             await self.send(self.rejects, key, _json(result.to_json()), None)
+            out = None
         else:
             ts = float(msg.timestamp or 0.0)
             clear = faustfix.handled_below(self.app.consumer, msg.tp, msg.offset, handled)
             page = wire.PageMsg(msg.partition, msg.offset, self.raw_partitions(), result, ts, clear)
-            framed.append(wire.encode(page))
+            out = wire.encode(page)
         handled.add(msg.offset)
+        return out
 
     async def on_sequence(self, events: list[Any]) -> None:
         """A batch of sequencer messages: release what they allow; publish once the state

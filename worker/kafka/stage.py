@@ -29,7 +29,7 @@ import orjson
 
 from worker.config import EngineConfig
 from worker.contract import parse_raw
-from worker.engine import Analysed, Engine, Merge, Outcome, Stats, analyse
+from worker.engine import Analysed, Engine, Merge, Outcome, Stats, analyse, internal_rejection
 from worker.kafka.journal import JournalKV
 from worker.kafka.sequence import Key, Progress, Sequencer, key_bytes, key_from_bytes
 from worker.kafka.tablekv import ScanKV
@@ -79,23 +79,16 @@ class Emit:
         return cls(topic, None if key is None else key.encode(), body, None, since)
 
 
-def analyse_message(
-    raw: bytes | None, cfg: EngineConfig, stats: Stats, sandbox: Any = None
-) -> Analysed | Rejected:
-    """A raw-topic message value to an analysed page or a rejection; never raises.
-
-    ``sandbox`` is an ``Engine``'s sandbox (``worker.sandbox``): the engine's ``analyse``
-    bounded in time and memory, as ``Engine.process`` runs it; None runs it here."""
-    [out] = analyse_messages([raw], cfg, stats, sandbox)
-    return out
-
-
 def analyse_messages(
     raws: Iterable[bytes | None], cfg: EngineConfig, stats: Stats, sandbox: Any = None
 ) -> Generator[Analysed | Rejected, None, None]:
-    """``analyse_message`` of each of ``raws``, in order. With a sandbox its child analyses
-    the next pages while the caller handles one (``Sandbox.stream``, as
-    ``Engine.process_many``); ``raws`` is read a few messages ahead."""
+    """Raw-topic message values to analysed pages or rejections, in order; never raises
+    for a message.
+
+    ``sandbox`` is an ``Engine``'s sandbox (``worker.sandbox``): the engine's ``analyse``
+    bounded in time and memory, its child analysing the next pages while the caller
+    handles one (``Sandbox.stream``, as ``Engine.process_many``; ``raws`` is read a few
+    messages ahead). None runs ``analyse`` here."""
     pages = (_parse_message(raw, cfg) for raw in raws)
     if sandbox is None:
         stream = ((page, _analyse_here(page, cfg, stats)) for page in pages)
@@ -123,9 +116,7 @@ def _analyse_here(page: RawPage | Rejected, cfg: EngineConfig, stats: Stats) -> 
     try:
         return analyse(page, cfg, stats)
     except Exception as exc:  # a bug, not bad input: the page is dead-lettered
-        log.exception("analyse failed on page %s (%s)", page.page_id, page.url)
-        detail = f"{type(exc).__name__}: {exc}"[:500]
-        return Rejected(Reason.INTERNAL, detail, page.page_id, page.url)
+        return internal_rejection(page, exc)
 
 
 def drained(
