@@ -52,12 +52,13 @@ class Fingerprints:
     shingles: int = 0  # number of distinct character 5-grams
     sketch: bytes = b""  # bottom-k sketch of those 5-grams: sorted little-endian uint32
     #: Per sentence piece (text up to a period): its period string's hash, 0 for none
-    #: (uint64); and every 5-gram's hash (uint32) with the index of its piece (uint32).
+    #: (uint64), and its number of letters, digits and ideographs (uint32); and every
+    #: 5-gram's hash (uint32), in text order. A 5-gram belongs to the piece it starts in.
     #: Only carried to the template filter, which rebuilds the sketch without template
     #: sentences; never stored in the index.
     piece_strings: bytes = b""
     shingle_hashes: bytes = b""
-    shingle_pieces: bytes = b""
+    piece_chars: bytes = b""
 
     def without(self, template: set[int], sketch_size: int) -> Fingerprints:
         """These fingerprints with the template sentences' strings and 5-grams left out.
@@ -74,8 +75,7 @@ class Fingerprints:
         if not drop.any():
             return self
         hashes = np.frombuffer(self.shingle_hashes, dtype="<u4")
-        owner = np.frombuffer(self.shingle_pieces, dtype="<u4")
-        kept = np.unique(hashes[~drop[owner]])
+        kept = np.unique(hashes[~drop[piece_owners(self.piece_chars, len(hashes))]])
         return replace(
             self,
             strings=tuple(s for s in self.strings if s not in template),
@@ -86,6 +86,20 @@ class Fingerprints:
 
 #: Characters per shingle of the verification sketch.
 SHINGLE_CHARS = 5
+
+
+def piece_owners(piece_chars: bytes, shingles: int) -> npt.NDArray[np.intp]:
+    """The index of the piece each of the first ``shingles`` 5-grams starts in, from the
+    pieces' lengths (``Fingerprints.piece_chars``)."""
+    lengths = np.frombuffer(piece_chars, dtype="<u4")
+    return np.repeat(np.arange(len(lengths)), lengths)[:shingles]
+
+
+def piece_chars_from_owners(owners: npt.NDArray[np.uint32], pieces: int) -> bytes:
+    """``piece_chars`` that give these owners back (``piece_owners``), from the per-5-gram
+    piece indices that messages written before ``piece_chars`` carried. The counts are
+    the pieces' lengths except in the last few characters, where no 5-gram starts."""
+    return np.bincount(owners, minlength=pieces).astype("<u4").tobytes()
 
 
 def hash64(feature: str) -> int:
@@ -319,9 +333,9 @@ def piece_features(
     text: str, length: int, n: int = SHINGLE_CHARS
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
     """Cut ``text`` at its periods. Returns each piece's period-string hash (0 for the last
-    piece and empty ones), and the hashes of the character ``n``-grams of the text's
-    letters, digits and ideographs, each with the index of the piece it starts in (a text
-    shorter than ``n`` is one shingle)."""
+    piece and empty ones), the hashes of the character ``n``-grams of the text's letters,
+    digits and ideographs (a text shorter than ``n`` is one shingle), and each piece's
+    number of those characters."""
     contents = [_NOT_CONTENT.sub("", p) for p in _PERIOD.split(text)]
     last = len(contents) - 1
     h64 = mmh3.hash64  # hash64's bits, signed (see _hashes)
@@ -331,8 +345,9 @@ def piece_features(
         count=len(contents),
     ).view(np.uint64)
     codes = np.frombuffer("".join(contents).encode("utf-32-le"), dtype=np.uint32)
+    lengths = np.fromiter(map(len, contents), dtype=np.uint32, count=len(contents))
     if len(codes) == 0:
-        return strings, np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.uint32)
+        return strings, np.empty(0, dtype=np.uint32), lengths
     n = min(n, len(codes))
     windows = len(codes) - n + 1
     wide = codes.astype(np.uint64)
@@ -340,9 +355,7 @@ def piece_features(
     for i in range(1, n):
         h *= np.uint64(0x100000001B3)
         h += wide[i : windows + i]
-    lengths = np.fromiter(map(len, contents), dtype=np.int64, count=len(contents))
-    owner = np.repeat(np.arange(len(contents), dtype=np.uint32), lengths)[:windows]
-    return strings, (_mix(h) >> np.uint64(32)).astype(np.uint32), owner
+    return strings, (_mix(h) >> np.uint64(32)).astype(np.uint32), lengths
 
 
 def char_shingles(text: str, n: int = SHINGLE_CHARS) -> npt.NDArray[np.uint32]:
@@ -394,7 +407,7 @@ def fingerprint(text: str, cfg: EngineConfig) -> Fingerprints:
     tf = np.bincount(canon_ids, minlength=len(canon_vocab))
     chosen = keywords(canon_vocab, canon_hashes, tf, canon_first, cfg.keywords)
     fp2 = simhash_weighted(*window_features(canon_hashes, canon_ids, chosen, cfg.window))
-    piece_strings, hashes, owners = piece_features(text, cfg.period_len)
+    piece_strings, hashes, piece_chars = piece_features(text, cfg.period_len)
     shingles = _distinct(hashes, counts=False)[0]
     return Fingerprints(
         fp1=fp1,
@@ -405,5 +418,5 @@ def fingerprint(text: str, cfg: EngineConfig) -> Fingerprints:
         sketch=bottom_k(shingles, cfg.sketch_size),
         piece_strings=piece_strings.astype("<u8").tobytes(),
         shingle_hashes=hashes.astype("<u4").tobytes(),
-        shingle_pieces=owners.astype("<u4").tobytes(),
+        piece_chars=piece_chars.astype("<u4").tobytes(),
     )

@@ -16,6 +16,9 @@ from worker.fingerprint import (
     hamming,
     hash64,
     period_strings,
+    piece_chars_from_owners,
+    piece_features,
+    piece_owners,
     simhash_weighted,
 )
 from worker.normalise import normalise
@@ -199,3 +202,23 @@ def test_lexicon_by_hash_is_the_dictionary_by_word() -> None:
     at = np.searchsorted(keys, _hashes(words))
     assert (keys[at] == _hashes(words)).all()
     assert weights[at].tolist() == list(by_word.values())
+
+
+_PIECE_TEXT = st.text(alphabet="近日铁路。!?. ab1,\n", max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=_PIECE_TEXT)
+def test_piece_lengths_give_each_5_gram_the_piece_it_starts_in(text: str) -> None:
+    strings, hashes, chars = piece_features(text, CFG.period_len)
+    assert len(chars) == len(strings)
+    # by hand: the content characters of each piece, and where each 5-gram starts
+    owner_of_char = [i for i, n in enumerate(chars.tolist()) for _ in range(n)]
+    expected = owner_of_char[: len(hashes)]
+    owners = piece_owners(chars.astype("<u4").tobytes(), len(hashes))
+    assert owners.tolist() == expected
+    # the older form (a piece index per 5-gram) converts back to the same owners
+    old = np.asarray(expected, dtype=np.uint32)
+    assert (
+        piece_owners(piece_chars_from_owners(old, len(strings)), len(hashes)).tolist() == expected
+    )

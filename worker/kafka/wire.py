@@ -13,10 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
 import orjson
 
 from worker.engine import Analysed
-from worker.fingerprint import Fingerprints
+from worker.fingerprint import Fingerprints, piece_chars_from_owners
 from worker.records import RawPage
 
 #: Bump when a field changes meaning; a reader refuses messages of another version.
@@ -77,11 +78,25 @@ def analysed_from_json(obj: dict[str, Any]) -> Analysed:
             site=obj["site"],
         )
         fps_obj = obj["fps"]
+        if "shingle_pieces" in fps_obj:  # written before piece_chars replaced it
+            fps_obj = _with_piece_chars(fps_obj)
         fps = Fingerprints(**{name: dec(fps_obj[name]) for name, _, dec in _FPS_FIELDS})
         rest = {name: dec(obj[name]) for name, _, dec in _ANALYSED_FIELDS}
         return Analysed(page=page, fps=fps, **rest)
     except (KeyError, TypeError, ValueError) as exc:
         raise WireError(f"not an analysed page: {exc!r}") from exc
+
+
+def _with_piece_chars(fps: dict[str, Any]) -> dict[str, Any]:
+    """Fingerprints as this version carries them, from a message or a stored pending page
+    or flight of the version before: each 5-gram's piece index becomes each piece's
+    length (``piece_chars_from_owners``), 4 bytes a piece instead of 4 bytes a 5-gram."""
+    rest = {k: v for k, v in fps.items() if k != "shingle_pieces"}
+    owners = np.frombuffer(base64.b64decode(fps["shingle_pieces"], validate=True), dtype="<u4")
+    pieces = len(base64.b64decode(fps["piece_strings"], validate=True)) // 8
+    chars = piece_chars_from_owners(owners, pieces)
+    rest["piece_chars"] = base64.b64encode(chars).decode("ascii")
+    return rest
 
 
 @dataclass(frozen=True, slots=True)
