@@ -2,7 +2,7 @@
 nothing.
 
     .venv/bin/python bench/worker.py [--bootstrap HOST:PORT] [--limit N] [--partitions 4]
-        [--topology routed|sequential] [--recovery-pages 100000]
+        [--topology routed|sequential] [--recovery-pages 100000] [--rounds 1] [--pin]
 
 Without ``--bootstrap`` (or KAFKA_BOOTSTRAP_SERVERS) it starts scripts/kafka-local.sh on
 free loopback ports and stops it at the end. It measures, in one run:
@@ -10,7 +10,8 @@ free loopback ports and stops it at the end. It measures, in one run:
 * ``neardup dedup``'s engine over the same pages, in this process: pages/s on one core;
 * throughput of 1 worker and of 2 workers (separate processes): the raw topic is filled
   first, then the rate is taken over the window after every worker is ready, so that
-  start-up and the first rebalance are left out;
+  start-up and the first rebalance are left out; with ``--rounds N`` the engine, 1 worker
+  and 2 workers run in turn N times, and the medians are printed;
 * end-to-end latency (produce to decision read back) at half the 1-worker capacity;
 * recovery: one worker indexes ``--recovery-pages`` pages (the dev pages again and again
   under new ids), is SIGKILLed mid-stream and restarted on its state directory; the time
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import os
@@ -45,6 +47,7 @@ from tests.integration.helpers import (
     message_key,
     produce,
     tree_cpu,
+    tree_pids,
     wait_for,
 )
 from worker.config import EngineConfig
@@ -53,9 +56,17 @@ from worker.engine import Engine
 from worker.store import MemoryKV
 
 
-def engine_rate(lines: list[bytes]) -> tuple[float, float]:
+def engine_rate(lines: list[bytes], pin: bool = False) -> tuple[float, float]:
     """The embedded engine (``neardup dedup`` without file I/O): pages/s on the clock, and
-    CPU seconds per page (this process and its sandbox children)."""
+    CPU seconds per page (this process and its sandbox children). ``pin``: on core 0
+    only, sandbox child included."""
+    if pin:
+        every = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {0})  # the sandbox's zygote, started below, inherits it
+        try:
+            return engine_rate(lines)
+        finally:
+            os.sched_setaffinity(0, every)
     cfg = EngineConfig()
     engine = Engine(MemoryKV(), cfg)
     engine.process(parse_raw(lines[0], cfg.max_bytes))  # the sandbox starts
@@ -145,20 +156,44 @@ class Run:
         self.collector.close()
 
 
+def pin_tree(root: int, cpu: int) -> None:
+    """Every thread of a process and of its descendants now alive onto one core (threads
+    and processes started later inherit it from the one that starts them)."""
+    for pid in tree_pids(root):
+        with contextlib.suppress(OSError):  # ended while we looked
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(tid), {cpu})
+
+
 def throughput(
-    bootstrap: str, tmp: Path, lines: list[bytes], n_workers: int, *, parts: int, topology: str
+    bootstrap: str,
+    tmp: Path,
+    lines: list[bytes],
+    n_workers: int,
+    *,
+    parts: int,
+    topology: str,
+    pin: bool = False,
 ) -> tuple[float, float]:
-    """Pages/s of ``n_workers`` workers on the clock, and their CPU seconds per page."""
+    """Pages/s of ``n_workers`` workers on the clock, and their CPU seconds per page.
+    ``pin``: worker i (with its sandbox child) on core i only."""
     run = Run(bootstrap, tmp, parts, topology)
     try:
         produce(bootstrap, run.names.raw, lines)
         workers = [run.worker(i).start() for i in range(n_workers)]
+        for i, w in enumerate(workers if pin else []):
+            if w.proc:  # pinned before it starts its threads and its sandbox, mostly
+                pin_tree(w.proc.pid, i % (os.cpu_count() or 1))
         # the window starts when every worker has joined (or a page is out already)
         wait_for(
             lambda: all(w.get("/readyz") == 200 for w in workers) or run.outputs() > 0,
             300,
             "the workers to join",
         )
+        for i, w in enumerate(workers if pin else []):
+            if w.proc:  # and again, for whatever started in between
+                pin_tree(w.proc.pid, i % (os.cpu_count() or 1))
         t0, done0 = time.time(), run.outputs()
         c0 = sum(tree_cpu(w.proc.pid) for w in workers if w.proc)
         wait_for(lambda: run.outputs() >= len(lines), 3600, "every page out")
@@ -254,6 +289,55 @@ def recovery(
         run.close()
 
 
+def throughput_rounds(
+    bootstrap: str, tmp: Path, lines: list[bytes], rounds: int, *, pin: bool, kw: dict[str, Any]
+) -> float:
+    """The engine, 1 worker and 2 workers, one after the other, ``rounds`` times; prints
+    each round and, for more than one, the medians and the medians of the per-round
+    ratios. Returns the median pages/s of 1 worker."""
+    rows: list[dict[str, float]] = []
+    for r in range(1, rounds + 1):
+        head = f"round {r}: " if rounds > 1 else ""
+        eng, eng_cpu = engine_rate(lines, pin)
+        print(
+            f"{head}neardup dedup (engine):  {eng:7.1f} pages/s, "
+            f"{eng_cpu * 1000:5.1f} ms CPU a page"
+        )
+        one, one_cpu = throughput(bootstrap, tmp / f"t1-{r}", lines, 1, pin=pin, **kw)
+        print(
+            f"{head}worker x1:               {one:7.1f} pages/s, {one_cpu * 1000:5.1f} ms CPU a "
+            f"page ({one / eng:.0%} of the engine's pages/s; per core {eng_cpu / one_cpu:.0%})"
+        )
+        two, two_cpu = throughput(bootstrap, tmp / f"t2-{r}", lines, 2, pin=pin, **kw)
+        print(
+            f"{head}worker x2:               {two:7.1f} pages/s, {two_cpu * 1000:5.1f} ms CPU a "
+            f"page ({two / 2 / eng:.0%} of the engine's pages/s per worker; x{two / one:.2f} one "
+            "worker)",
+            flush=True,
+        )
+        rows.append(
+            {
+                "eng": eng,
+                "eng_cpu": eng_cpu,
+                "one": one,
+                "one_cpu": one_cpu,
+                "two": two,
+                "per_core": eng_cpu / one_cpu,
+                "scaling": two / one,
+            }
+        )
+    med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+    if rounds > 1:
+        print(
+            f"medians of {rounds} rounds: engine {med['eng']:.1f} pages/s "
+            f"({med['eng_cpu'] * 1000:.1f} ms CPU a page), worker x1 {med['one']:.1f} pages/s "
+            f"({med['one_cpu'] * 1000:.1f} ms CPU a page), x2 {med['two']:.1f} pages/s; "
+            f"per-round ratios: per core {med['per_core']:.0%} of the engine, "
+            f"x{med['scaling']:.2f} for two workers"
+        )
+    return med["one"]
+
+
 def local_broker() -> LocalBroker:
     broker = LocalBroker(Path(tempfile.mkdtemp(prefix="neardup-kafka-bench-")))
     broker.run("start")
@@ -272,6 +356,15 @@ def main() -> None:
     ap.add_argument(
         "--rate", type=float, default=50.0, help="latency's input rate when throughput is skipped"
     )
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="throughput rounds (engine, x1, x2), with medians"
+    )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="throughput with one core per process: the engine and 1 worker on core 0, "
+        "2 workers on cores 0 and 1 (each with its sandbox child; the broker unpinned)",
+    )
     ap.add_argument("--skip", nargs="*", default=[], choices=["throughput", "latency", "recovery"])
     args = ap.parse_args()
 
@@ -289,21 +382,7 @@ def main() -> None:
         kw: dict[str, Any] = {"parts": args.partitions, "topology": args.topology}
         one = 0.0
         if "throughput" not in args.skip:
-            eng, eng_cpu = engine_rate(lines)
-            print(
-                f"neardup dedup (engine):  {eng:7.1f} pages/s, {eng_cpu * 1000:5.1f} ms CPU a page"
-            )
-            one, one_cpu = throughput(bootstrap, tmp / "t1", lines, 1, **kw)
-            print(
-                f"worker x1:               {one:7.1f} pages/s, {one_cpu * 1000:5.1f} ms CPU a page "
-                f"({one / eng:.0%} of the engine's pages/s; per core {eng_cpu / one_cpu:.0%})"
-            )
-            two, two_cpu = throughput(bootstrap, tmp / "t2", lines, 2, **kw)
-            print(
-                f"worker x2:               {two:7.1f} pages/s, {two_cpu * 1000:5.1f} ms CPU a page "
-                f"({two / 2 / eng:.0%} of the engine's pages/s per worker; x{two / one:.2f} one "
-                "worker)"
-            )
+            one = throughput_rounds(bootstrap, tmp, lines, args.rounds, pin=args.pin, kw=kw)
         if "latency" not in args.skip:
             rate = one / 2 if one else args.rate
             p50, p99, n = latency(

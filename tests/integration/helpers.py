@@ -622,9 +622,9 @@ def accounted(values: list[bytes], ref: Reference, d: Deployment) -> tuple[int, 
     return len(values), out
 
 
-def _tree_sum(root: int, field: int) -> int:
-    """The sum of field ``field`` of /proc/<pid>/stat (counted after the command name) over
-    a process and all its descendants now alive."""
+def _tree_fields(root: int, field: int) -> dict[int, int]:
+    """Field ``field`` of /proc/<pid>/stat (counted after the command name) of a process
+    and of each of its descendants now alive, by pid."""
     parents: dict[int, int] = {}
     values: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -637,14 +637,25 @@ def _tree_sum(root: int, field: int) -> int:
             continue  # it ended while we looked
         parents[int(entry)] = int(fields[1])
         values[int(entry)] = int(fields[field])
-    total = 0
+    out = {}
     for pid, value in values.items():
         p = pid
         while p > 1 and p != root:
             p = parents.get(p, 0)
         if p == root:
-            total += value
-    return total
+            out[pid] = value
+    return out
+
+
+def _tree_sum(root: int, field: int) -> int:
+    """The sum of field ``field`` of /proc/<pid>/stat over a process and all its
+    descendants now alive."""
+    return sum(_tree_fields(root, field).values())
+
+
+def tree_pids(root: int) -> list[int]:
+    """A process and its descendants now alive."""
+    return list(_tree_fields(root, 1))
 
 
 def tree_rss(root: int) -> int:
