@@ -34,7 +34,7 @@ from worker.fingerprint import (
     period_strings,
 )
 from worker.index import KVIndex, make_entry
-from worker.normalise import normalise
+from worker.normalise import normalise_many
 from worker.records import RawPage, Reason, Rejected, utc_now
 from worker.store import KV, BufferedKV
 from worker.template import TemplateFilter
@@ -205,8 +205,8 @@ def analyse(  # noqa: PLR0911
         extracted = extract(decoded, cfg.extractor)
     if isinstance(extracted, Rejected):
         return extracted
-    with st.timed("normalise"):
-        text = normalise(extracted.text)
+    with st.timed("normalise"):  # the prose too (for the template filter, below)
+        text, prose_text = normalise_many([extracted.text, "\n".join(extracted.prose)])
     if len(text) < cfg.min_text_chars:
         return Rejected(
             Reason.NO_TEXT,
@@ -222,7 +222,7 @@ def analyse(  # noqa: PLR0911
     if fps.words < 2:
         return Rejected(Reason.NO_TEXT, "fewer than two words of main text", page.page_id, page.url)
     with st.timed("template"):
-        prose = prose_strings(extracted.prose, cfg)
+        prose = prose_strings(prose_text, cfg)
     return Analysed(
         page,
         page_pid(page.page_id),
@@ -244,11 +244,10 @@ def internal_rejection(page: RawPage, exc: Exception) -> Rejected:
     return Rejected(Reason.INTERNAL, detail, page.page_id, page.url)
 
 
-def prose_strings(prose: tuple[str, ...], cfg: EngineConfig) -> tuple[int, ...]:
-    """Hashed period strings of a page's prose, normalised like its main text."""
-    if not prose:
-        return ()
-    strings = {hash64(s) for s in period_strings(normalise("\n".join(prose)), cfg.period_len)}
+def prose_strings(prose: str, cfg: EngineConfig) -> tuple[int, ...]:
+    """Hashed period strings of a page's prose, normalised (``normalise``) like its main
+    text."""
+    strings = {hash64(s) for s in period_strings(prose, cfg.period_len)}
     return tuple(sorted(strings)[:MAX_PROSE_STRINGS])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from functools import lru_cache
 
 import opencc
@@ -69,6 +70,31 @@ def normalise(text: str) -> str:
 
     Line breaks are kept so that paragraphs survive.
     """
+    return "\n".join(line for line in _normalised_lines(text) if line)
+
+
+def normalise_lines(lines: Sequence[str]) -> list[str]:
+    """``normalise`` of each line (none holding a line break), "" where nothing is left, in
+    one pass over them all. Every step works within a line, so this is the same as one
+    call a line, and ``normalise(t)`` is the non-empty ones of ``normalise_lines(t.split("\n"))``
+    joined by line breaks."""
+    out = _normalised_lines("\n".join(lines))
+    if len(out) != len(lines):  # no step makes or removes a line break; kept honest here
+        return [normalise(line) for line in lines]
+    return out
+
+
+def normalise_many(texts: Sequence[str]) -> list[str]:
+    """``normalise`` of each text, with each distinct line normalised once: a page's prose
+    repeats most of its main text's paragraphs."""
+    split = [text.split("\n") for text in texts]
+    distinct = list(dict.fromkeys(line for lines in split for line in lines))
+    done = dict(zip(distinct, normalise_lines(distinct), strict=True))
+    return ["\n".join(x for line in lines if (x := done[line])) for lines in split]
+
+
+def _normalised_lines(text: str) -> list[str]:
+    """Each line of ``text`` normalised, empty ones included."""
     # NFKC of the text between runs of ideographs: the same string, because a CJK unified
     # ideograph is left alone by NFKC and ends every composition and reordering before it,
     # so NFKC works on each stretch between them independently. A quarter of the time.
@@ -81,5 +107,4 @@ def normalise(text: str) -> str:
                 text = text.replace(key, value)
     else:
         text = text.translate(_PUNCT)
-    lines = (line.strip() for line in _SPACE.sub(" ", text).split("\n"))
-    return "\n".join(line for line in lines if line).lower()
+    return [line.strip().lower() for line in _SPACE.sub(" ", text).split("\n")]

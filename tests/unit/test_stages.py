@@ -6,13 +6,15 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from worker.cluster import Clusters, PageKey
 from worker.config import EngineConfig
 from worker.decide import Candidate, Kind, candidates, matches
 from worker.fingerprint import Fingerprints, bottom_k
 from worker.index import ENTRY, Lookup
-from worker.normalise import normalise
+from worker.normalise import normalise, normalise_many
 from worker.store import BufferedKV, MemoryKV
 from worker.template import TemplateFilter
 
@@ -40,6 +42,38 @@ def test_normalise(raw: str, want: str) -> None:
 def test_normalise_is_idempotent() -> None:
     text = "國務院總理今天（３月１日）表示：「經濟穩中向好」。"
     assert normalise(normalise(text)) == normalise(text)
+
+
+# Lines that exercise every step: Traditional phrases (OpenCC converts some as phrases),
+# full-width forms, punctuation variants, odd spaces, case (a Greek final sigma depends on
+# what follows it), invisible characters and empty lines.
+_LINES = [
+    "這是臺灣的新聞。",
+    "乾隆皇帝瞭望遠方，頭髮很長",
+    "ＡＢＣ１２３ΟΔΟΣ",
+    "ΣΑΣ",
+    "“引号”「引號」，逗号；分号！",
+    "  多个　　空格\t和\u200b零宽 ",
+    "",
+    "   ",
+    "句号。保留…",
+    "\u00a0",
+    "ﾊﾝｶｸ ｶﾀｶﾅ",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    texts=st.lists(
+        st.lists(st.one_of(st.sampled_from(_LINES), st.text(max_size=12)), max_size=8).map(
+            "\n".join
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_normalising_many_texts_at_once_is_normalising_each(texts: list[str]) -> None:
+    assert normalise_many(texts) == [normalise(t) for t in texts]
 
 
 # -- template filter -----------------------------------------------------------------
@@ -80,10 +114,10 @@ def test_prose_strings_are_normalised_like_the_main_text() -> None:
 
     main = "市气象台今天发布寒潮蓝色预警。"
     trad = ("市氣象台今天發布寒潮藍色預警。", "其他段落，與正文無關。")
-    got = prose_strings(trad, CFG)
+    got = prose_strings(normalise("\n".join(trad)), CFG)
     assert set(fingerprint(normalise(main), CFG).strings) < set(got)
     assert len(got) == 2 and got == tuple(sorted(got))
-    assert prose_strings((), CFG) == ()
+    assert prose_strings("", CFG) == ()
 
 
 def test_template_counts_are_bounded_by_two_generations() -> None:
