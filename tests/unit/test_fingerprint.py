@@ -202,6 +202,14 @@ def test_lexicon_by_hash_is_the_dictionary_by_word() -> None:
     at = np.searchsorted(keys, _hashes(words))
     assert (keys[at] == _hashes(words)).all()
     assert weights[at].tolist() == list(by_word.values())
+    # the lookup the keywords use: the same weights, and the median for other words
+    from worker.fingerprint import lexicon_weights
+
+    assert lexicon_weights(_hashes(words)).tolist() == list(by_word.values())
+    others = [f"{w}呀呀" for w in words[:5000]] + ["", "neardup", "语"]
+    others = [w for w in others if w not in by_word]
+    assert (lexicon_weights(_hashes(others)) == median).all()
+    assert lexicon_weights(_hashes([])).tolist() == []
 
 
 _PIECE_TEXT = st.text(alphabet="近日铁路。!?. ab1,\n", max_size=60)
