@@ -73,23 +73,16 @@ def normalise(text: str) -> str:
     return "\n".join(line for line in _normalised_lines(text) if line)
 
 
-def normalise_lines(lines: Sequence[str]) -> list[str]:
-    """``normalise`` of each line (none holding a line break), "" where nothing is left, in
-    one pass over them all. Every step works within a line, so this is the same as one
-    call a line, and ``normalise(t)`` is the non-empty ones of ``normalise_lines(t.split("\n"))``
-    joined by line breaks."""
-    out = _normalised_lines("\n".join(lines))
-    if len(out) != len(lines):  # no step makes or removes a line break; kept honest here
-        return [normalise(line) for line in lines]
-    return out
-
-
 def normalise_many(texts: Sequence[str]) -> list[str]:
     """``normalise`` of each text, with each distinct line normalised once: a page's prose
-    repeats most of its main text's paragraphs."""
+    repeats most of its main text's paragraphs. Every step of ``normalise`` works within a
+    line, so the lines of all the texts go through it together."""
     split = [text.split("\n") for text in texts]
     distinct = list(dict.fromkeys(line for lines in split for line in lines))
-    done = dict(zip(distinct, normalise_lines(distinct), strict=True))
+    normalised = _normalised_lines("\n".join(distinct))
+    if len(normalised) != len(distinct):  # no step makes or removes a line break
+        return [normalise(text) for text in texts]
+    done = dict(zip(distinct, normalised, strict=True))
     return ["\n".join(x for line in lines if (x := done[line])) for lines in split]
 
 
