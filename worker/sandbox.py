@@ -337,8 +337,8 @@ def _fork_worker(cfg: EngineConfig, ctl: socket.socket) -> tuple[int, list[int]]
             _die_with_parent(zygote)
             _serve(cfg, req_r, rep_w)
         except BaseException:
+            code = 1  # first: logging itself may fail (a MemoryError near the limit)
             log.exception("sandbox worker failed")
-            code = 1
         finally:
             os._exit(code)
     os.close(req_r)
