@@ -10,13 +10,18 @@ The stored index depends on these values: ``tests/unit/test_fingerprint.py`` pin
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import os
 import re
+import tempfile
+import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from pathlib import Path
 from typing import TypeVar
 
 import mmh3
@@ -175,21 +180,65 @@ def segmenter(name: str) -> Callable[[str], list[str]]:
     return lcut
 
 
+#: Bump whenever the lexicon's derivation (``_build_lexicon``) changes: it keys the copy
+#: kept on disk, beside the contents of jieba's tables and the parts of speech.
+_LEXICON_FORMAT = 1
+_LEXICON_FILES = (os.path.join("analyse", "idf.txt"), "dict.txt")
+
+
 @lru_cache(maxsize=1)
 def _lexicon() -> tuple[U64, npt.NDArray[np.float64], float]:
     """Keyword weight of words, by ``hash64`` of the word: sorted distinct hashes and each
     one's weight, the word's IDF or -1 where its part of speech rules it out; and the
     median IDF for unknown words. From the tables that ship with jieba (immutable once
-    loaded)."""
+    loaded).
+
+    Deriving it costs about 0.5 s of CPU, in every process that starts (each ``neardup``
+    run, each sandbox zygote), so the arrays are kept in the cache directory
+    (``cache_dir``), keyed by a hash of the tables' bytes: loading them costs about 15 ms.
+    A copy that is missing, unreadable or malformed is derived again."""
+    root = _jieba_root()
+    key = hashlib.sha256(f"{_LEXICON_FORMAT} {sorted(_KEYWORD_POS)}".encode())
+    for name in _LEXICON_FILES:
+        with open(os.path.join(root, name), "rb") as fh:
+            key.update(fh.read())
+    directory = cache_dir()
+    path = directory / f"lexicon-{key.hexdigest()[:32]}.npz" if directory else None
+    if path is not None:
+        cached = _load_lexicon(path)
+        if cached is not None:
+            return cached
+    lexicon = _build_lexicon(root)
+    if path is not None:
+        _save_lexicon(path, lexicon)
+    return lexicon
+
+
+def cache_dir() -> Path | None:
+    """Where derived, immutable tables are kept between runs: ``NEARDUP_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/neardup``, else ``~/.cache/neardup``; None (no cache) when
+    ``NEARDUP_CACHE_DIR`` is set empty. Only a pure function of files that ship with the
+    dependencies goes there, never decision state."""
+    explicit = os.environ.get("NEARDUP_CACHE_DIR")
+    if explicit is not None:
+        return Path(explicit) if explicit else None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "neardup"
+
+
+def _jieba_root() -> str:
     # Located, not imported: importing jieba.analyse loads jieba's HMM tables (0.5 s of
     # CPU in every sandbox zygote) that rjieba never uses.
     spec = importlib.util.find_spec("jieba")
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError("jieba's dictionary files are needed (pip install jieba)")
-    root = os.path.dirname(spec.origin)
+    return os.path.dirname(spec.origin)
+
+
+def _build_lexicon(root: str) -> tuple[U64, npt.NDArray[np.float64], float]:
     # Whole-file splits: a line loop over 620,000 lines costs three times as much.
-    idf_words, idf_values = _columns(os.path.join(root, "analyse", "idf.txt"), 2, (0, 1))
-    words, tags = _columns(os.path.join(root, "dict.txt"), 3, (0, 2))
+    idf_words, idf_values = _columns(os.path.join(root, _LEXICON_FILES[0]), 2, (0, 1))
+    words, tags = _columns(os.path.join(root, _LEXICON_FILES[1]), 3, (0, 2))
     not_content = [w for w, t in zip(words, tags, strict=True) if t not in _KEYWORD_POS]
     idf = np.fromiter(map(float, idf_values), dtype=np.float64, count=len(idf_values))
     idf_keys, idf = _last_wins(_hashes(idf_words), idf)
@@ -204,6 +253,45 @@ def _lexicon() -> tuple[U64, npt.NDArray[np.float64], float]:
         np.concatenate([idf, np.full(len(not_content), -1.0)]),
     )
     return keys, weights, median_idf
+
+
+def _load_lexicon(path: Path) -> tuple[U64, npt.NDArray[np.float64], float] | None:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            keys, weights, median = npz["keys"], npz["weights"], npz["median"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    ok = (
+        keys.dtype == np.uint64
+        and weights.dtype == np.float64
+        and median.dtype == np.float64
+        and keys.ndim == 1
+        and keys.shape == weights.shape
+        and median.shape == ()
+        and len(keys) > 0
+        and bool((keys[1:] > keys[:-1]).all())  # sorted and distinct, as lookups need
+    )
+    return (keys, weights, float(median)) if ok else None
+
+
+def _save_lexicon(path: Path, lexicon: tuple[U64, npt.NDArray[np.float64], float]) -> None:
+    """Write the copy atomically (a reader never sees half of one); a cache that cannot
+    be written (a read-only home, a full disk) only costs the next run the derivation."""
+    keys, weights, median = lexicon
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, keys=keys, weights=weights, median=np.float64(median))
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 #: Leading bits of a word's hash that index the lexicon's table of runs (``_runs``).

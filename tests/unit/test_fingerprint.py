@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -210,6 +212,67 @@ def test_lexicon_by_hash_is_the_dictionary_by_word() -> None:
     others = [w for w in others if w not in by_word]
     assert (lexicon_weights(_hashes(others)) == median).all()
     assert lexicon_weights(_hashes([])).tolist() == []
+
+
+def _same_lexicon(
+    a: tuple[np.ndarray, np.ndarray, float], b: tuple[np.ndarray, np.ndarray, float]
+) -> bool:
+    return bool((a[0] == b[0]).all() and (a[1] == b[1]).all() and a[2] == b[2])
+
+
+def test_lexicon_cache_round_trip_and_recovery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lexicon kept on disk is the one derived from jieba's tables; a missing or
+    damaged copy is derived again and rewritten; no cache directory means no file."""
+    from worker import fingerprint as fp
+
+    built = fp._build_lexicon(fp._jieba_root())
+    monkeypatch.setenv("NEARDUP_CACHE_DIR", str(tmp_path / "cache"))
+    fp._lexicon.cache_clear()
+    try:
+        assert _same_lexicon(fp._lexicon(), built)  # derived, then written
+        (copy,) = (tmp_path / "cache").glob("lexicon-*.npz")
+        fp._lexicon.cache_clear()
+        with monkeypatch.context() as m:
+            m.setattr(fp, "_build_lexicon", lambda root: pytest.fail("derived, not loaded"))
+            assert _same_lexicon(fp._lexicon(), built)  # loaded from the copy
+        for damage in (copy.read_bytes()[:1000], b"not an npz"):
+            copy.write_bytes(damage)
+            fp._lexicon.cache_clear()
+            assert _same_lexicon(fp._lexicon(), built)
+            reloaded = fp._load_lexicon(copy)  # rewritten whole
+            assert reloaded is not None and _same_lexicon(reloaded, built)
+        # unsorted keys are refused, not used
+        np.savez(copy, keys=built[0][::-1].copy(), weights=built[1], median=np.float64(built[2]))
+        assert fp._load_lexicon(copy) is None
+        monkeypatch.setenv("NEARDUP_CACHE_DIR", "")
+        assert fp.cache_dir() is None
+        fp._lexicon.cache_clear()
+        copy.unlink()
+        assert _same_lexicon(fp._lexicon(), built)
+        assert not copy.exists()
+        # a cache that cannot be written costs only the derivation
+        blocker = tmp_path / "file"
+        blocker.write_text("x")
+        monkeypatch.setenv("NEARDUP_CACHE_DIR", str(blocker / "cache"))
+        fp._lexicon.cache_clear()
+        assert _same_lexicon(fp._lexicon(), built)
+    finally:
+        fp._lexicon.cache_clear()
+
+
+def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker.fingerprint import cache_dir
+
+    monkeypatch.delenv("NEARDUP_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/x/cache")
+    assert cache_dir() == Path("/x/cache/neardup")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", "/home/u")
+    assert cache_dir() == Path("/home/u/.cache/neardup")
+    monkeypatch.setenv("NEARDUP_CACHE_DIR", "/srv/neardup")
+    assert cache_dir() == Path("/srv/neardup")
 
 
 _PIECE_TEXT = st.text(alphabet="近日铁路。!?. ab1,\n", max_size=60)
