@@ -480,14 +480,20 @@ def _checked(
     return Decoded(page=page, html=text, charset=codec, layer=layer, utf8=utf8)
 
 
-def decode(page: RawPage) -> Decoded | Rejected:
-    """The page's HTML as text and how its charset was chosen, or why it is not a page."""
+def decode(page: RawPage, utf8: bytes | None = None) -> Decoded | Rejected:
+    """The page's HTML as text and how its charset was chosen, or why it is not a page.
+
+    ``utf8``: a text body's UTF-8, when the caller has it already (the sandbox's worker
+    receives the body so): it must be exactly ``page.body.encode("utf-8")``, and saves
+    encoding 100 KiB again (0.13 ms)."""
     body = page.body
     if isinstance(body, str):
-        try:
-            utf8 = body.encode("utf-8")
-        except UnicodeEncodeError:  # JSON allows lone surrogates; nothing downstream does
-            return _checked(page, _LONE_SURROGATE.sub("\ufffd", body), "utf-8", LAYER_TEXT)
+        if utf8 is None:
+            try:
+                utf8 = body.encode("utf-8")
+            except UnicodeEncodeError:  # JSON allows lone surrogates; nothing downstream does
+                text = _LONE_SURROGATE.sub("\ufffd", body)
+                return _checked(page, text, "utf-8", LAYER_TEXT)
         return _checked(page, body, "utf-8", LAYER_TEXT, utf8)
     what = not_html(page.content_type, body)
     if what is not None:

@@ -181,10 +181,11 @@ def refuse_unencodable(page: RawPage) -> Rejected | None:
 
 # One early return per stage's rejection: a pipeline reads better flat than nested.
 def analyse(  # noqa: PLR0911
-    page: RawPage, cfg: EngineConfig, stats: Stats | None = None
+    page: RawPage, cfg: EngineConfig, stats: Stats | None = None, utf8: bytes | None = None
 ) -> Analysed | Rejected:
     """Decode, extract, normalise and fingerprint one page. Pure: no state is read, so this,
-    the expensive part, runs anywhere (any worker, any partition)."""
+    the expensive part, runs anywhere (any worker, any partition). ``utf8``: see
+    ``decode``."""
     st = stats or Stats()
     refused = refuse_unencodable(page)
     if refused is not None:
@@ -198,7 +199,7 @@ def analyse(  # noqa: PLR0911
         detail = f"body is over {cfg.max_bytes} bytes"
         return Rejected(Reason.TOO_LARGE, detail, page.page_id, page.url)
     with st.timed("decode"):
-        decoded = decode(page)
+        decoded = decode(page, utf8)
     if isinstance(decoded, Rejected):
         return decoded
     with st.timed("extract"):

@@ -147,9 +147,18 @@ def _page_frame(page: RawPage) -> bytes:
     return _frame(header, body)
 
 
-def _page_from(header: dict[str, Any], payload: bytes) -> RawPage:
-    body: str | bytes = payload.decode("utf-8", "surrogatepass") if header["text"] else payload
-    return RawPage(
+def _page_from(header: dict[str, Any], payload: bytes) -> tuple[RawPage, bytes | None]:
+    """The page of a frame, and a text body's UTF-8 (the payload itself) for ``decode``,
+    which then need not encode it again; None for a byte body, or a text body that held
+    a lone surrogate (sent as surrogatepass, which is not UTF-8)."""
+    body: str | bytes = payload
+    utf8: bytes | None = None
+    if header["text"]:
+        try:
+            body, utf8 = payload.decode("utf-8"), payload
+        except UnicodeDecodeError:
+            body = payload.decode("utf-8", "surrogatepass")
+    page = RawPage(
         header["page_id"],
         header["url"],
         header["fetched_at"],
@@ -157,6 +166,7 @@ def _page_from(header: dict[str, Any], payload: bytes) -> RawPage:
         body,
         header["site"],
     )
+    return page, utf8
 
 
 _FPS_FIELDS = tuple(f.name for f in dataclasses.fields(Fingerprints))
@@ -277,9 +287,11 @@ def _limit_memory(max_mb: int, meter: _Meter) -> int:
     return limit
 
 
-def _analyse_one(page: RawPage, cfg: EngineConfig, stats: Stats) -> Analysed | Rejected:
+def _analyse_one(
+    page: RawPage, cfg: EngineConfig, stats: Stats, utf8: bytes | None = None
+) -> Analysed | Rejected:
     try:
-        return analyse(page, cfg, stats)
+        return analyse(page, cfg, stats, utf8)
     except MemoryError:
         detail = f"analysis needed more than {cfg.extract_max_mb} MiB"
         return Rejected(Reason.TOO_LARGE, detail, page.page_id, page.url)
@@ -300,9 +312,9 @@ def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
             header, payload = _read_frame_blocking(rfd)
         except EOFError:
             return
-        page = _page_from(header, payload)
+        page, utf8 = _page_from(header, payload)
         stats = Stats()
-        result = _analyse_one(page, cfg, stats)
+        result = _analyse_one(page, cfg, stats, utf8)
         exhausted = bool(limit) and meter.peak_bytes() > limit - headroom
         if (
             isinstance(result, Rejected)

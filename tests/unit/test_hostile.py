@@ -569,6 +569,23 @@ def test_sandbox_carries_any_string(rng: random.Random) -> None:
     assert isinstance(boxed, Analysed) and boxed == analyse(page, IN_PROCESS)
 
 
+def test_sandbox_frame_hands_decode_the_body_utf8_only_when_it_is_utf8(
+    rng: random.Random,
+) -> None:
+    """The worker passes a text body's payload on as its UTF-8 (decode then does not
+    encode it again) only when the payload is exactly ``body.encode("utf-8")``."""
+    from worker.sandbox import _page_frame, _page_from, _split_frame
+
+    clean = _page(page_html(inputs.article(rng)), "clean")
+    broken = _page(clean.body + "\ud800", "broken")
+    raw = RawPage("raw", "https://a.example.cn/raw", "2026-03-01T00:00:00Z", "text/html",
+                  "<p>字节</p>".encode("gb18030"))  # fmt: skip
+    for page, utf8 in ((clean, str(clean.body).encode()), (broken, None), (raw, None)):
+        got, got_utf8 = _page_from(*_split_frame(_page_frame(page)))
+        assert got == page and got_utf8 == utf8
+    assert decode(clean, str(clean.body).encode()) == decode(clean)
+
+
 @pytest.mark.parametrize("field", ["page_id", "url", "site", "fetched_at"])
 @pytest.mark.parametrize("cfg", [CFG, IN_PROCESS], ids=["sandbox", "in-process"])
 def test_a_lone_surrogate_in_a_field_is_refused(
