@@ -13,8 +13,9 @@ does, a persistent worker process analyses the pages the parent sends it through
   ``internal`` rejection;
 
 and the next page gets a new worker. Workers are forked from a zygote, a process that
-imported the engine and loaded the segmenter's dictionary once (about 1.5 s), so a new
-worker costs milliseconds and shares those 200 MB with it, copy-on-write::
+imported the engine and loaded the segmenter's dictionary and the keyword lexicon once
+(about 0.5 s of CPU with the lexicon cached, see ``fingerprint.cache_dir``), so a new
+worker costs milliseconds and shares those 170 MB with it, copy-on-write::
 
     parent ── control socket: spawn, reap ──▶ zygote (single-threaded, warm)
       │  ◀── the worker's two pipe ends ────────┘ fork
