@@ -3,6 +3,7 @@ whitespace, and punctuation variants, so that reprints in other scripts and widt
 
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -62,7 +63,11 @@ _IDEOGRAPHS = re.compile("([\u4e00-\u9fff]+)")
 @lru_cache(maxsize=1)
 def _t2s() -> opencc.OpenCC:
     # Immutable converter, built once: a pure function of its input, not decision state.
-    return opencc.OpenCC("t2s")
+    # By the path of OpenCC's own t2s.json: OpenCC("t2s") takes a t2s.json in the working
+    # directory first, so a file there would change every fingerprint.
+    share = getattr(opencc, "_opencc_share_dir", None)
+    config = os.path.join(share, "t2s.json") if share else "t2s"
+    return opencc.OpenCC(config if share and os.path.isfile(config) else "t2s")
 
 
 def normalise(text: str) -> str:

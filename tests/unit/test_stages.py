@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,6 +38,22 @@ CFG = EngineConfig()
 )
 def test_normalise(raw: str, want: str) -> None:
     assert normalise(raw) == want
+
+
+def test_normalise_ignores_a_t2s_json_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenCC("t2s") would read ./t2s.json before its own: a file there must not change
+    the conversion (nor any fingerprint)."""
+    from worker import normalise as module
+
+    (tmp_path / "t2s.json").write_text('{"name": "not t2s", "conversion_chain": []}')
+    monkeypatch.chdir(tmp_path)
+    module._t2s.cache_clear()
+    try:
+        assert normalise("這是臺灣的新聞。") == "这是台湾的新闻。"
+    finally:
+        module._t2s.cache_clear()
 
 
 def test_normalise_is_idempotent() -> None:
