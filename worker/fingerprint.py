@@ -216,14 +216,18 @@ def _lexicon() -> tuple[U64, npt.NDArray[np.float64], float]:
 
 def cache_dir() -> Path | None:
     """Where derived, immutable tables are kept between runs: ``NEARDUP_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/neardup``, else ``~/.cache/neardup``; None (no cache) when
-    ``NEARDUP_CACHE_DIR`` is set empty. Only a pure function of files that ship with the
-    dependencies goes there, never decision state."""
+    ``$XDG_CACHE_HOME/neardup`` (if absolute), else ``~/.cache/neardup``; None (no cache)
+    when ``NEARDUP_CACHE_DIR`` is set empty or there is no home. Only a pure function of
+    files that ship with the dependencies goes there, never decision state."""
     explicit = os.environ.get("NEARDUP_CACHE_DIR")
     if explicit is not None:
         return Path(explicit) if explicit else None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "neardup"
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the XDG spec: a relative path is invalid, ignore it
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    # No home to expand (no HOME, a uid without a passwd entry): "~" stays as it is, and a
+    # relative path would put a cache in whatever the working directory is. None then.
+    return Path(base) / "neardup" if os.path.isabs(base) else None
 
 
 def _jieba_root() -> str:

@@ -273,6 +273,11 @@ def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     assert cache_dir() == Path("/home/u/.cache/neardup")
     monkeypatch.setenv("NEARDUP_CACHE_DIR", "/srv/neardup")
     assert cache_dir() == Path("/srv/neardup")
+    monkeypatch.delenv("NEARDUP_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # invalid: ignored
+    assert cache_dir() == Path("/home/u/.cache/neardup")
+    monkeypatch.setattr("os.path.expanduser", lambda path: path)  # no home to expand
+    assert cache_dir() is None
 
 
 _PIECE_TEXT = st.text(alphabet="近日铁路。!?. ab1,\n", max_size=60)
