@@ -65,8 +65,8 @@ def _t2s() -> opencc.OpenCC:
     # Immutable converter, built once: a pure function of its input, not decision state.
     # By the path of OpenCC's own t2s.json: OpenCC("t2s") takes a t2s.json in the working
     # directory first, so a file there would change every fingerprint.
-    share = getattr(opencc, "_opencc_share_dir", None)
-    config = os.path.join(share, "t2s.json") if share else "t2s"
+    share = getattr(opencc, "_opencc_share_dir", "")
+    config = os.path.join(share, "t2s.json")
     return opencc.OpenCC(config if share and os.path.isfile(config) else "t2s")
 
 

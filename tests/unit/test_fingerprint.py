@@ -227,7 +227,9 @@ def test_lexicon_cache_round_trip_and_recovery(
     damaged copy is derived again and rewritten; no cache directory means no file."""
     from worker import fingerprint as fp
 
-    built = fp._build_lexicon(fp._jieba_root())
+    root = fp._jieba_root()
+    tables = [Path(root, name).read_text(encoding="utf-8") for name in fp._LEXICON_FILES]
+    built = fp._build_lexicon(*tables)
     monkeypatch.setenv("NEARDUP_CACHE_DIR", str(tmp_path / "cache"))
     fp._lexicon.cache_clear()
     try:
@@ -235,7 +237,7 @@ def test_lexicon_cache_round_trip_and_recovery(
         (copy,) = (tmp_path / "cache").glob("lexicon-*.npz")
         fp._lexicon.cache_clear()
         with monkeypatch.context() as m:
-            m.setattr(fp, "_build_lexicon", lambda root: pytest.fail("derived, not loaded"))
+            m.setattr(fp, "_build_lexicon", lambda *tables: pytest.fail("derived, not loaded"))
             assert _same_lexicon(fp._lexicon(), built)  # loaded from the copy
         for damage in (copy.read_bytes()[:1000], b"not an npz"):
             copy.write_bytes(damage)
