@@ -14,6 +14,11 @@
    reason: a vulnerability by its id or an alias, a version as ``unaudited:name==version``.
    The README's Security section explains each one. A version change makes its
    ``unaudited:`` line stale, so the gap is looked at again.
+4. For ``--grace-days`` (14) after the lock was made (the date in its first line), a
+   version not audited only because a release came after it passes with a warning: every
+   locked version was the latest when ``scripts/lock.sh`` resolved it, so the lock is due
+   for a refresh, but CI does not turn red on the day a dependency publishes a release.
+   Past the grace, such a version fails as any other.
 
 Standard library only: it runs under the audit's own venv (scripts/audit.sh).
 """
@@ -21,7 +26,9 @@ Standard library only: it runs under the audit's own venv (scripts/audit.sh).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -51,6 +58,13 @@ class Package:
     source: str = ""
     vulns: list[Vuln] = field(default_factory=list)
     note: str = ""
+
+
+def lock_date(path: Path) -> dt.date | None:
+    """The day ``scripts/lock.sh`` wrote the lock, from its first line (None if absent)."""
+    with path.open() as fh:
+        found = re.search(r"\bon (\d{4}-\d{2}-\d{2})\b", fh.readline())
+    return dt.date.fromisoformat(found.group(1)) if found else None
 
 
 def read_lock(path: Path) -> dict[str, Package]:
@@ -138,7 +152,17 @@ def main() -> int:
     ap.add_argument("pip_audit")
     ap.add_argument("--lock", type=Path, default=Path("requirements.lock"))
     ap.add_argument("--exceptions", type=Path, default=Path("scripts/audit-exceptions.txt"))
+    ap.add_argument(
+        "--grace-days",
+        type=int,
+        default=14,
+        help="for this many days after the lock was made, a version not audited only "
+        "because a release came after it passes with a warning (0: never)",
+    )
     args = ap.parse_args()
+    made = lock_date(args.lock)
+    age = None if made is None else (dt.datetime.now(dt.UTC).date() - made).days
+    grace = age is not None and 0 <= age < args.grace_days
     packages = read_lock(args.lock)
     exceptions = read_exceptions(args.exceptions)
     run_pip_audit(args.pip_audit, args.lock, packages)
@@ -146,7 +170,7 @@ def main() -> int:
     fall_back(packages)
     by_json = sum(p.source == "PyPI project JSON" for p in packages.values())
 
-    failures, used = 0, set()
+    failures, graced, used = 0, 0, set()
     for pkg in sorted(packages.values(), key=lambda p: canonical(p.name)):
         for v in pkg.vulns:
             keys = [v.id, *v.aliases]
@@ -166,6 +190,12 @@ def main() -> int:
             if key in exceptions:
                 used.add(key)
                 status = f"justified: {exceptions[key]}"
+            elif grace and pkg.note.startswith("latest is"):
+                graced += 1
+                status = (
+                    f"WARNING: the lock is {age} days old, within the {args.grace_days}-day "
+                    "grace; refresh it (bash scripts/lock.sh), then run the tests and this audit"
+                )
             else:
                 failures += 1
                 status = f"NOT JUSTIFIED (add '{key} <reason>' to {args.exceptions})"
@@ -179,6 +209,7 @@ def main() -> int:
         f"audit: {len(packages)} locked packages: {by_pip_audit} audited by pip-audit, "
         f"{by_json} by PyPI's project JSON, {unaudited} not audited; "
         f"{found} known vulnerabilities; {failures} not justified"
+        + (f"; {graced} newer than the lock, within its grace" if graced else "")
     )
     return 1 if failures else 0
 
