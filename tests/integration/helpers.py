@@ -664,7 +664,9 @@ def tree_rss(root: int) -> int:
 
 
 def tree_cpu(root: int) -> float:
-    """CPU seconds (user + system) of a process and all its descendants now alive (the
-    engine analyses pages in sandbox children)."""
+    """CPU seconds (user + system) of a process and all its descendants, those now alive
+    and those that ended and were reaped by one of them (the engine analyses pages in
+    sandbox children, which are replaced when one retires, times out or crashes)."""
     ticks = os.sysconf("SC_CLK_TCK")
-    return (_tree_sum(root, 11) + _tree_sum(root, 12)) / ticks
+    # fields 11-12: the process's own time; 13-14: that of its children it has waited for
+    return sum(_tree_sum(root, field) for field in (11, 12, 13, 14)) / ticks
