@@ -7,7 +7,8 @@ nothing.
 Without ``--bootstrap`` (or KAFKA_BOOTSTRAP_SERVERS) it starts scripts/kafka-local.sh on
 free loopback ports and stops it at the end. It measures, in one run:
 
-* ``neardup dedup``'s engine over the same pages, in this process: pages/s on one core;
+* ``neardup dedup``'s engine over the same pages, in this process, with its state in memory
+  and in RocksDB (``--state``, like the worker's): pages/s and CPU a page;
 * throughput of 1 worker and of 2 workers (separate processes): the raw topic is filled
   first, then the rate is taken over the window after every worker is ready, so that
   start-up and the first rebalance are left out; with ``--rounds N`` the engine, 1 worker
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -53,29 +55,59 @@ from tests.integration.helpers import (
 from worker.config import EngineConfig
 from worker.contract import derive_page_id, parse_raw
 from worker.engine import Engine
-from worker.store import MemoryKV
+from worker.store import open_state
 
 
-def engine_rate(lines: list[bytes], pin: bool = False) -> tuple[float, float]:
-    """The embedded engine (``neardup dedup`` without file I/O): pages/s on the clock, and
-    CPU seconds per page (this process and its sandbox children). ``pin``: on core 0
-    only, sandbox child included."""
+def own_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of one process, without its children."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rate:
+    """Pages/s on the clock, and CPU seconds a page: the whole process tree, and the
+    part of it spent in the top processes (the rest is their sandbox children's)."""
+
+    pages_s: float
+    cpu: float
+    own_cpu: float
+
+    def split(self) -> str:
+        return (
+            f"{self.cpu * 1000:5.1f} ms CPU a page ({self.own_cpu * 1000:.1f} in the "
+            f"process, {(self.cpu - self.own_cpu) * 1000:.1f} in its sandbox)"
+        )
+
+
+def engine_rate(lines: list[bytes], pin: bool = False, state: Path | None = None) -> Rate:
+    """The embedded engine (``neardup dedup`` without file I/O) in this process, with its
+    state in memory, or in RocksDB at ``state`` (as ``neardup dedup --state``): pages/s
+    on the clock, and CPU a page (this process and its sandbox children). ``pin``: on
+    core 0 only, sandbox child included."""
     if pin:
         every = os.sched_getaffinity(0)
         os.sched_setaffinity(0, {0})  # the sandbox's zygote, started below, inherits it
         try:
-            return engine_rate(lines)
+            return engine_rate(lines, state=state)
         finally:
             os.sched_setaffinity(0, every)
     cfg = EngineConfig()
-    engine = Engine(MemoryKV(), cfg)
+    if state is not None:
+        shutil.rmtree(state, ignore_errors=True)
+    engine = Engine(open_state(None if state is None else str(state), cfg), cfg)
     engine.process(parse_raw(lines[0], cfg.max_bytes))  # the sandbox starts
-    c0, t0 = tree_cpu(os.getpid()), time.perf_counter()
+    me = os.getpid()
+    c0, o0, t0 = tree_cpu(me), own_cpu(me), time.perf_counter()
     for _ in engine.process_many(parse_raw(line, cfg.max_bytes) for line in lines[1:]):
         pass
-    elapsed, cpu = time.perf_counter() - t0, tree_cpu(os.getpid()) - c0
+    elapsed, cpu, own = time.perf_counter() - t0, tree_cpu(me) - c0, own_cpu(me) - o0
     engine.close()
-    return (len(lines) - 1) / elapsed, cpu / (len(lines) - 1)
+    if state is not None:
+        shutil.rmtree(state, ignore_errors=True)
+    n = len(lines) - 1
+    return Rate(n / elapsed, cpu / n, own / n)
 
 
 def create_topic(bootstrap: str, name: str, partitions: int, configs: dict[str, str]) -> None:
@@ -175,8 +207,8 @@ def throughput(
     parts: int,
     topology: str,
     pin: bool = False,
-) -> tuple[float, float]:
-    """Pages/s of ``n_workers`` workers on the clock, and their CPU seconds per page.
+) -> Rate:
+    """Pages/s of ``n_workers`` workers on the clock, and their CPU a page (see ``Rate``).
     ``pin``: worker i (with its sandbox child) on core i only."""
     run = Run(bootstrap, tmp, parts, topology)
     try:
@@ -195,12 +227,13 @@ def throughput(
             if w.proc:  # and again, for whatever started in between
                 pin_tree(w.proc.pid, i % (os.cpu_count() or 1))
         t0, done0 = time.time(), run.outputs()
-        c0 = sum(tree_cpu(w.proc.pid) for w in workers if w.proc)
+        pids = [w.proc.pid for w in workers if w.proc]
+        c0, o0 = sum(map(tree_cpu, pids)), sum(map(own_cpu, pids))
         wait_for(lambda: run.outputs() >= len(lines), 3600, "every page out")
-        cpu = sum(tree_cpu(w.proc.pid) for w in workers if w.proc) - c0
+        cpu, own = sum(map(tree_cpu, pids)) - c0, sum(map(own_cpu, pids)) - o0
         times = run.collector.times[run.names.decisions] + run.collector.times[run.names.rejects]
         pages = len(lines) - done0
-        return pages / max(max(times) - t0, 1e-9), cpu / max(pages, 1)
+        return Rate(pages / max(max(times) - t0, 1e-9), cpu / max(pages, 1), own / max(pages, 1))
     except AssertionError:
         for w in run.workers:
             print(f"--- {w.log}\n{w.tail(30)}", file=sys.stderr)
@@ -292,48 +325,59 @@ def recovery(
 def throughput_rounds(
     bootstrap: str, tmp: Path, lines: list[bytes], rounds: int, *, pin: bool, kw: dict[str, Any]
 ) -> float:
-    """The engine, 1 worker and 2 workers, one after the other, ``rounds`` times; prints
-    each round and, for more than one, the medians and the medians of the per-round
-    ratios. Returns the median pages/s of 1 worker."""
+    """The engine (state in memory, then in RocksDB), 1 worker and 2 workers, one after
+    the other, ``rounds`` times; prints each round and, for more than one, the medians and
+    the medians of the per-round ratios. Returns the median pages/s of 1 worker.
+
+    "Per core" compares CPU a page. The worker keeps its state in RocksDB, so the engine
+    with its state in RocksDB (``neardup dedup --state``) is the like-for-like figure;
+    the engine with its state in memory (``neardup dedup`` without ``--state``) is the
+    harder one, and is printed too."""
     rows: list[dict[str, float]] = []
     for r in range(1, rounds + 1):
         head = f"round {r}: " if rounds > 1 else ""
-        eng, eng_cpu = engine_rate(lines, pin)
+        mem = engine_rate(lines, pin)
+        print(f"{head}engine, memory state:   {mem.pages_s:7.1f} pages/s, {mem.split()}")
+        rocks = engine_rate(lines, pin, tmp / f"engine-{r}")
+        print(f"{head}engine, RocksDB state:  {rocks.pages_s:7.1f} pages/s, {rocks.split()}")
+        one = throughput(bootstrap, tmp / f"t1-{r}", lines, 1, pin=pin, **kw)
         print(
-            f"{head}neardup dedup (engine):  {eng:7.1f} pages/s, "
-            f"{eng_cpu * 1000:5.1f} ms CPU a page"
+            f"{head}worker x1:              {one.pages_s:7.1f} pages/s, {one.split()}; per "
+            f"core {rocks.cpu / one.cpu:.0%} of the engine with RocksDB state, "
+            f"{mem.cpu / one.cpu:.0%} with memory state"
         )
-        one, one_cpu = throughput(bootstrap, tmp / f"t1-{r}", lines, 1, pin=pin, **kw)
+        two = throughput(bootstrap, tmp / f"t2-{r}", lines, 2, pin=pin, **kw)
         print(
-            f"{head}worker x1:               {one:7.1f} pages/s, {one_cpu * 1000:5.1f} ms CPU a "
-            f"page ({one / eng:.0%} of the engine's pages/s; per core {eng_cpu / one_cpu:.0%})"
-        )
-        two, two_cpu = throughput(bootstrap, tmp / f"t2-{r}", lines, 2, pin=pin, **kw)
-        print(
-            f"{head}worker x2:               {two:7.1f} pages/s, {two_cpu * 1000:5.1f} ms CPU a "
-            f"page ({two / 2 / eng:.0%} of the engine's pages/s per worker; x{two / one:.2f} one "
-            "worker)",
+            f"{head}worker x2:              {two.pages_s:7.1f} pages/s, {two.split()}; "
+            f"x{two.pages_s / one.pages_s:.2f} one worker",
             flush=True,
         )
         rows.append(
             {
-                "eng": eng,
-                "eng_cpu": eng_cpu,
-                "one": one,
-                "one_cpu": one_cpu,
-                "two": two,
-                "per_core": eng_cpu / one_cpu,
-                "scaling": two / one,
+                "mem": mem.pages_s,
+                "mem_cpu": mem.cpu,
+                "rocks": rocks.pages_s,
+                "rocks_cpu": rocks.cpu,
+                "one": one.pages_s,
+                "one_cpu": one.cpu,
+                "one_own": one.own_cpu,
+                "two": two.pages_s,
+                "per_core": rocks.cpu / one.cpu,
+                "per_core_mem": mem.cpu / one.cpu,
+                "scaling": two.pages_s / one.pages_s,
             }
         )
     med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
     if rounds > 1:
         print(
-            f"medians of {rounds} rounds: engine {med['eng']:.1f} pages/s "
-            f"({med['eng_cpu'] * 1000:.1f} ms CPU a page), worker x1 {med['one']:.1f} pages/s "
-            f"({med['one_cpu'] * 1000:.1f} ms CPU a page), x2 {med['two']:.1f} pages/s; "
-            f"per-round ratios: per core {med['per_core']:.0%} of the engine, "
-            f"x{med['scaling']:.2f} for two workers"
+            f"medians of {rounds} rounds: engine {med['rocks']:.1f} pages/s with RocksDB state "
+            f"({med['rocks_cpu'] * 1000:.1f} ms CPU a page), {med['mem']:.1f} with memory "
+            f"state ({med['mem_cpu'] * 1000:.1f} ms); worker x1 {med['one']:.1f} pages/s "
+            f"({med['one_cpu'] * 1000:.1f} ms CPU a page, {med['one_own'] * 1000:.1f} in the "
+            f"process), x2 {med['two']:.1f} pages/s; per-round ratios: per core "
+            f"{med['per_core']:.0%} of the engine with RocksDB state "
+            f"({med['per_core_mem']:.0%} with memory state), x{med['scaling']:.2f} for two "
+            "workers"
         )
     return med["one"]
 
