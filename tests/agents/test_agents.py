@@ -409,3 +409,99 @@ def test_routed_agents_probe_buckets_by_key_and_decide_like_the_engine(tmp_path:
     run(go)
     decisions = [json.loads(v) for v in rec.values("decisions")]
     assert [{k: v for k, v in d.items() if k != "decided_at"} for d in decisions] == want
+
+
+def test_the_state_gate_holds_steps_back_until_reopened_and_waits_for_those_under_way() -> None:
+    from worker.kafka.app import StateGate
+
+    async def go() -> None:
+        gate = StateGate(timeout=5.0)
+        inside, leave, order = asyncio.Event(), asyncio.Event(), []
+
+        async def step(name: str, hold: bool = False) -> None:
+            async with gate.step():
+                order.append(f"{name} in")
+                if hold:
+                    inside.set()
+                    await leave.wait()
+                order.append(f"{name} out")
+
+        first = asyncio.create_task(step("first", hold=True))
+        await inside.wait()
+        closing = asyncio.create_task(gate.close())
+        await asyncio.sleep(0.05)
+        assert not closing.done()  # the step under way still runs
+        second = asyncio.create_task(step("second"))
+        await asyncio.sleep(0.05)
+        assert order == ["first in"]  # the gate is closed: the second step waits
+        leave.set()
+        await closing
+        await first
+        assert order == ["first in", "first out"] and not second.done()
+        gate.open()
+        await second
+        assert order == ["first in", "first out", "second in", "second out"]
+
+        stuck = asyncio.create_task(step("stuck", hold=True))
+        inside.clear()
+        leave.clear()
+        await inside.wait()
+        gate.timeout = 0.05
+        with pytest.raises(RuntimeError, match="did not finish within"):
+            await gate.close()
+        leave.set()
+        await stuck
+
+    run(go)
+
+
+def test_a_revoke_waits_for_the_sequencer_step_then_flushes_the_changelog_then_unloads(
+    tmp_path: Path,
+) -> None:
+    """Faust restores assigned tables from their changelogs right after a revoke: a
+    sequencer step still writing then, or records not yet flushed, would be undone by the
+    replay (the bug this guards against lost pages at a rebalance)."""
+    worker, rec = _worker(tmp_path)
+    msg = gold_stream()[0][0]
+    order: list[str] = []
+    in_flush, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_flush() -> None:  # the sequencer's flush before it publishes
+        order.append("step flushes")
+        in_flush.set()
+        await release.wait()
+
+    async def flush_changelog(*, wait: bool) -> None:
+        order.append(f"changelog flushed (wait={wait})")
+
+    unload = worker.stage.unload
+
+    def unloaded() -> None:
+        order.append("unloaded")
+        unload()
+
+    async def go() -> None:
+        async with worker.analyse_agent.test_context() as agent:
+            await agent.put(value=line(msg).encode(), key=b"k", partition=0)
+            await analysed(rec, 1)
+        (page_msg,) = rec.values("sequencer")
+        worker.flush = slow_flush
+        worker.flush_changelog = flush_changelog  # type: ignore[method-assign]
+        worker.stage.unload = unloaded  # type: ignore[method-assign]
+        async with worker.sequence_agent.test_context() as agent:
+            await agent.put(value=page_msg, partition=0)
+            await agent.put(value=wire.encode(wire.MarksMsg(1, (wire.Mark(0, 1),))), partition=0)
+            await asyncio.wait_for(in_flush.wait(), 30)
+            revoke = asyncio.create_task(worker._on_revoked(None))
+            await asyncio.sleep(0.1)
+            assert not revoke.done() and "unloaded" not in order
+            release.set()
+            await asyncio.wait_for(revoke, 30)
+            assert not worker.gate.is_open
+            await worker._on_rebalance_complete(None)
+            assert worker.gate.is_open
+
+    run(go)
+    assert order.index("unloaded") > order.index("changelog flushed (wait=True)")
+    assert order.index("changelog flushed (wait=True)") > order.index("step flushes")
+    assert len(rec.values("decisions")) == 1  # the step finished: its decision went out

@@ -28,12 +28,13 @@ answered with exactly what was published for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import faust
@@ -46,7 +47,7 @@ from worker.kafka.metrics import Metrics
 from worker.kafka.route import ProbeCounts, RoutedStage, index_for, probe_store, records_store
 from worker.kafka.security import aiokafka_kwargs, faust_credentials
 from worker.kafka.stage import DecideStage, Emit, analyse_messages, backlogged, drained
-from worker.kafka.tablekv import Changelog, TableKV, event_context
+from worker.kafka.tablekv import Changelog, StateInconsistentError, TableKV, event_context
 from worker.kafka.topics import (
     BUCKETS_TABLE,
     SKETCHES_TABLE,
@@ -128,6 +129,53 @@ def _json(value: dict[str, Any]) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+class StateGate:
+    """Agent steps that write the worker's tables, held back during a rebalance: from
+    the moment partitions are revoked until Faust has restored the tables it assigns."""
+
+    def __init__(self, timeout: float) -> None:
+        #: How long ``close`` waits for the steps under way.
+        self.timeout = timeout
+        self._open = asyncio.Event()
+        self._open.set()
+        self._steps = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def step(self) -> AsyncIterator[None]:
+        """One step: it starts once the gate is open."""
+        await self._open.wait()
+        self._steps += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._steps -= 1
+            if not self._steps:
+                self._idle.set()
+
+    async def close(self) -> None:
+        """No new step starts; returns when the steps under way have finished. A step
+        that does not finish within ``timeout`` is an error: the worker stops (Faust
+        crashes it on an error at a revoke) and, restarted, restores its tables from the
+        changelogs; what was only written locally had not been published."""
+        self._open.clear()
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.timeout)
+        except TimeoutError:
+            raise RuntimeError(
+                f"a state step did not finish within {self.timeout:g} s of a revoke"
+            ) from None
+
+    def open(self) -> None:
+        self._open.set()
+
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+
 class Worker:
     """One worker process: the Faust app and the stages its agents call."""
 
@@ -203,6 +251,7 @@ class Worker:
         self.send: Send = self._send
         self.flush: Callable[[], Awaitable[None]] = self._flush
         self.ready = False
+        self.gate = StateGate(settings.session_timeout_ms / 1000)
 
         async def analyse_agent(stream: Any) -> None:
             async for events in stream.take_events(ANALYSE_BATCH, within=EVENT_WAIT_S):
@@ -371,9 +420,37 @@ class Worker:
         handled.add(msg.offset)
         return out
 
+    @contextlib.asynccontextmanager
+    async def _state_step(self, events: list[Any]) -> AsyncIterator[list[Any]]:
+        """An agent step that writes the tables (``StateGate.step``), with the events of
+        ``events`` whose partitions are still assigned here: the others, taken before
+        partitions moved, are their new owner's to handle (written here, they would go
+        to a table partition this worker no longer keeps)."""
+        async with self.gate.step():
+            yield self._assigned(events)
+
+    def _assigned(self, events: list[Any]) -> list[Any]:
+        try:
+            assigned = self.app.consumer.assignment()
+        except Exception:  # no consumer (agent tests): every event is this worker's
+            return events
+        kept = [e for e in events if e.message.tp in assigned]
+        if len(kept) < len(events):
+            log.info("%d events of partitions no longer assigned left to their new owner",
+                     len(events) - len(kept))  # fmt: skip
+        return kept
+
     async def on_sequence(self, events: list[Any]) -> None:
         """A batch of sequencer messages: release what they allow; publish once the state
         they changed is stored (one flush for the batch)."""
+        async with self._state_step(events) as mine:
+            try:
+                await self._sequence(mine)
+            except StateInconsistentError:
+                self.changelog.failed = True  # the next start restores the tables
+                raise
+
+    async def _sequence(self, events: list[Any]) -> None:
         emits: list[Emit] = []
         for event in events:
             msg = event.message
@@ -415,6 +492,10 @@ class Worker:
     async def on_route(self, events: list[Any], table: Any) -> None:
         """Probes, sketches to keep and verifications, against each event's partition of
         ``table``; the answers go to the sequencer."""
+        async with self._state_step(events) as mine:
+            await self._route(mine, table)
+
+    async def _route(self, events: list[Any], table: Any) -> None:
         kv = TableKV(table, self.changelog)
         replies: list[bytes] = []
         for event in events:
@@ -704,12 +785,24 @@ class Worker:
             await self.changelog.flush(wait=wait)
 
     async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
-        # partitions move: the sequencer's in-memory state is rebuilt from its table
+        """Partitions move. Faust restores the tables it assigns next by replaying their
+        changelogs onto the local stores, so every record of what was written locally
+        must be in the changelog first: a write missing from it would be undone by the
+        replay of older records of its key (the sequencer's next sequence number, say,
+        while the pages released after it stay in flight: pages then share a number and
+        one is lost). The app does not wait for its agents at a revoke
+        (``stream_wait_empty`` is off), so this does: the steps under way finish, while
+        this worker still has their partitions; no new one starts until the restore is
+        done (``_state_step``); then the changelog is flushed, acknowledged, and the
+        sequencer's in-memory state, rebuilt from its table later, is dropped."""
         self.ready = False
+        await self.gate.close()
+        await self.flush_changelog(wait=True)
         self.stage.unload()
 
     async def _on_rebalance_complete(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         self.ready = True
+        self.gate.open()
 
     def is_ready(self) -> bool:
         return self.ready and not self.app.rebalancing
