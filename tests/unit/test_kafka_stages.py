@@ -754,3 +754,29 @@ def test_framed_messages_come_apart_as_they_were_framed(items: list[bytes]) -> N
         assert wire.unframe(wire.frame(items)) == items
     with pytest.raises(wire.WireError):
         wire.unframe(wire.frame([b"{a", b"{b"])[:-1])
+
+
+def test_a_next_sequence_number_behind_the_pages_in_flight_stops_the_sequencer(
+    gold: list[Analysed],
+) -> None:
+    """A table partition restored from a changelog that lacked its last local writes
+    (the rebalance bug fixed in ``Worker._on_revoked``) could leave the stored next
+    sequence number behind pages still in flight: a page released next took the number
+    of one in flight, which was then never decided. That is refused, loudly, now."""
+    from worker.kafka.journal import JOURNAL_KEY
+    from worker.kafka.route import _NEXT_SEQ
+    from worker.kafka.tablekv import StateInconsistentError
+
+    sim = RoutedSim(1, random.Random(7))
+    msgs = [wire.PageMsg(0, i, 1, a) for i, a in enumerate(gold[:8])]
+    for m in msgs[:6]:  # the probes are never answered: released pages stay in flight
+        sim.sequencer(m)
+    in_flight = len(sim.stage.flights)
+    assert in_flight >= 3
+    # the restore's older values: the next number, and a journal of an older step
+    sim.kv.put_many([(_NEXT_SEQ, b"2")])
+    sim.kv.delete_many([JOURNAL_KEY])
+    sim.stage.unload()  # the rebalance: the sequencer is rebuilt from its table
+    with pytest.raises(StateInconsistentError, match="under sequence number 2"):
+        for m in msgs[6:]:
+            sim.sequencer(m)

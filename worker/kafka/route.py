@@ -44,7 +44,7 @@ from worker.index import ENTRY, KVIndex, make_entry, string_keys
 from worker.kafka.journal import JournalKV
 from worker.kafka.sequence import Key
 from worker.kafka.stage import DecideStage, Emit, pid_bytes
-from worker.kafka.tablekv import ScanKV
+from worker.kafka.tablekv import ScanKV, StateInconsistentError
 from worker.kafka.wire import (
     AnswerMsg,
     ProbeMsg,
@@ -305,6 +305,13 @@ class RoutedStage(DecideStage):
         return next(iter(self.flights.values()))
 
     def _fly(self, flight: Flight) -> None:
+        if flight.seq in self.flights:  # it would take the other page's place, unanswered
+            other = self.flights[flight.seq].page.page.page_id
+            raise StateInconsistentError(
+                f"two pages in flight under sequence number {flight.seq} ({other} and "
+                f"{flight.page.page.page_id}): the stored next number is behind the pages "
+                "in flight"
+            )
         self.flights[flight.seq] = flight
         self.flying[flight.page.pid] += 1
         self.flying_keys.add(_key(flight.page))

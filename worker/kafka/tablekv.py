@@ -40,6 +40,12 @@ class StateWriteError(RuntimeError):
     error): the worker cannot go on, and must stop before it publishes anything more."""
 
 
+class StateInconsistentError(RuntimeError):
+    """The worker's local tables contradict themselves (a bug, or a table partition
+    restored from a changelog that lacked some of its local writes): the worker stops,
+    and its next start restores the tables from the changelogs instead of trusting them."""
+
+
 class ScanKV(KV, Protocol):
     """A ``KV`` that can also list the items under a key prefix, in key order."""
 
