@@ -32,6 +32,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,6 +66,47 @@ def own_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class CpuMeter:
+    """CPU seconds of process trees over a window, by sampling ``/proc`` every
+    ``interval`` seconds: for every process seen in the trees, its user + system time at
+    the last sample less that at the first (0 for one that started later). Processes that
+    end, whoever reaps them, keep what the last sample saw (up to ``interval`` of theirs
+    is lost); cumulative children's times (which a zygote that dies before reaping its
+    workers never passes on) are not used."""
+
+    def __init__(self, roots: list[int], interval: float = 0.25) -> None:
+        self.roots, self.interval = roots, interval
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._sample(start=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self, start: bool = False) -> None:
+        ticks = os.sysconf("SC_CLK_TCK")
+        for root in self.roots:
+            for pid in tree_pids(root):
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    with open(f"/proc/{pid}/stat") as fh:
+                        fields = fh.read().rsplit(")", 1)[1].split()
+                    cpu = (int(fields[11]) + int(fields[12])) / ticks
+                    self.first.setdefault(pid, cpu if start else 0.0)
+                    self.last[pid] = cpu
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def stop(self) -> tuple[float, float]:
+        """CPU seconds of the whole trees, and of their roots alone, since the start."""
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        used = {pid: self.last[pid] - self.first[pid] for pid in self.last}
+        return sum(used.values()), sum(used.get(pid, 0.0) for pid in self.roots)
+
+
 @dataclasses.dataclass(frozen=True)
 class Rate:
     """Pages/s on the clock, and CPU seconds a page: the whole process tree, and the
@@ -73,11 +115,14 @@ class Rate:
     pages_s: float
     cpu: float
     own_cpu: float
+    #: The broker's CPU a page in the same window (None: its pid is not known).
+    broker_cpu: float | None = None
 
     def split(self) -> str:
+        broker = "" if self.broker_cpu is None else f"; the broker {self.broker_cpu * 1000:.1f}"
         return (
             f"{self.cpu * 1000:5.1f} ms CPU a page ({self.own_cpu * 1000:.1f} in the "
-            f"process, {(self.cpu - self.own_cpu) * 1000:.1f} in its sandbox)"
+            f"process, {(self.cpu - self.own_cpu) * 1000:.1f} in its sandbox{broker})"
         )
 
 
@@ -178,9 +223,19 @@ class Run:
         return w
 
     def outputs(self) -> int:
+        """Decisions and dead letters read so far (a page answered twice counts twice)."""
         return len(self.collector.messages[self.names.decisions]) + len(
             self.collector.messages[self.names.rejects]
         )
+
+    def answered(self) -> int:
+        """Distinct pages with a decision or a dead letter read so far."""
+        ids = {
+            m.get("page_id") or m.get("url")
+            for topic in (self.names.decisions, self.names.rejects)
+            for m in self.collector.messages[topic]
+        }
+        return len(ids)
 
     def close(self) -> None:
         for w in self.workers:
@@ -207,6 +262,7 @@ def throughput(
     parts: int,
     topology: str,
     pin: bool = False,
+    broker_pid: int | None = None,
 ) -> Rate:
     """Pages/s of ``n_workers`` workers on the clock, and their CPU a page (see ``Rate``).
     ``pin``: worker i (with its sandbox child) on core i only."""
@@ -226,14 +282,22 @@ def throughput(
         for i, w in enumerate(workers if pin else []):
             if w.proc:  # and again, for whatever started in between
                 pin_tree(w.proc.pid, i % (os.cpu_count() or 1))
-        t0, done0 = time.time(), run.outputs()
-        pids = [w.proc.pid for w in workers if w.proc]
-        c0, o0 = sum(map(tree_cpu, pids)), sum(map(own_cpu, pids))
-        wait_for(lambda: run.outputs() >= len(lines), 3600, "every page out")
-        cpu, own = sum(map(tree_cpu, pids)) - c0, sum(map(own_cpu, pids)) - o0
+        t0, done0 = time.time(), run.answered()
+        meter = CpuMeter([w.proc.pid for w in workers if w.proc])
+        b0 = tree_cpu(broker_pid) if broker_pid else 0.0
+        # distinct pages: copies sent again after a rebalance must not make up for a page lost
+        wait_for(lambda: run.answered() >= len(lines), 3600, "every page out")
+        cpu, own = meter.stop()
+        broker = tree_cpu(broker_pid) - b0 if broker_pid else None
         times = run.collector.times[run.names.decisions] + run.collector.times[run.names.rejects]
         pages = len(lines) - done0
-        return Rate(pages / max(max(times) - t0, 1e-9), cpu / max(pages, 1), own / max(pages, 1))
+        n = max(pages, 1)
+        return Rate(
+            pages / max(max(times) - t0, 1e-9),
+            cpu / n,
+            own / n,
+            None if broker is None else broker / n,
+        )
     except AssertionError:
         for w in run.workers:
             print(f"--- {w.log}\n{w.tail(30)}", file=sys.stderr)
@@ -277,7 +341,7 @@ def latency(
                 await producer.stop()
 
         asyncio.run(paced())
-        wait_for(lambda: run.outputs() >= len(lines), 600, "every page out")
+        wait_for(lambda: run.answered() >= len(lines), 600, "every page out")
         got = zip(
             run.collector.messages[run.names.decisions],
             run.collector.times[run.names.decisions],
@@ -347,9 +411,19 @@ def throughput_rounds(
             f"{mem.cpu / one.cpu:.0%} with memory state"
         )
         two = throughput(bootstrap, tmp / f"t2-{r}", lines, 2, pin=pin, **kw)
+        # With the broker on the same cores, two workers can make at most the cores
+        # divided by the CPU a page of the workers and of the broker together.
+        cores = len(os.sched_getaffinity(0))
+        ceiling = cores / (two.cpu + two.broker_cpu) if two.broker_cpu is not None else None
+        bound = (
+            ""
+            if ceiling is None
+            else f"; {cores} cores shared with the broker allow at most {ceiling:.1f} pages/s, "
+            f"x{ceiling / one.pages_s:.2f}"
+        )
         print(
             f"{head}worker x2:              {two.pages_s:7.1f} pages/s, {two.split()}; "
-            f"x{two.pages_s / one.pages_s:.2f} one worker",
+            f"x{two.pages_s / one.pages_s:.2f} one worker{bound}",
             flush=True,
         )
         rows.append(
@@ -365,6 +439,7 @@ def throughput_rounds(
                 "per_core": rocks.cpu / one.cpu,
                 "per_core_mem": mem.cpu / one.cpu,
                 "scaling": two.pages_s / one.pages_s,
+                "bound": ceiling / one.pages_s if ceiling is not None else float("nan"),
             }
         )
     med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
@@ -377,9 +452,19 @@ def throughput_rounds(
             f"process), x2 {med['two']:.1f} pages/s; per-round ratios: per core "
             f"{med['per_core']:.0%} of the engine with RocksDB state "
             f"({med['per_core_mem']:.0%} with memory state), x{med['scaling']:.2f} for two "
-            "workers"
+            f"workers (at most x{med['bound']:.2f} with the broker's CPU on the same cores)"
         )
     return med["one"]
+
+
+def broker_pid(run_dir: Path) -> int | None:
+    """The pid of scripts/kafka-local.sh's broker in ``run_dir`` (None if not running)."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int((run_dir / "kafka.pid").read_text().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if b"kafka.Kafka" in fh.read():
+                return pid
+    return None
 
 
 def local_broker() -> LocalBroker:
@@ -410,6 +495,13 @@ def main() -> None:
         "2 workers on cores 0 and 1 (each with its sandbox child; the broker unpinned)",
     )
     ap.add_argument("--skip", nargs="*", default=[], choices=["throughput", "latency", "recovery"])
+    ap.add_argument(
+        "--broker-dir",
+        type=Path,
+        default=None,
+        help="with --bootstrap: scripts/kafka-local.sh's run dir (NEARDUP_KAFKA_DIR), whose "
+        "kafka.pid gives the broker's CPU a page (a broker of the bench's own: always)",
+    )
     args = ap.parse_args()
 
     lines = [ln.rstrip(b"\n") for ln in raw_lines(args.data / "pages.jsonl.gz")]
@@ -424,9 +516,13 @@ def main() -> None:
             f"topology {args.topology}, {os.cpu_count()} cores"
         )
         kw: dict[str, Any] = {"parts": args.partitions, "topology": args.topology}
+        run_dir = broker.run_dir if broker is not None else args.broker_dir
+        jvm = broker_pid(run_dir) if run_dir is not None else None
         one = 0.0
         if "throughput" not in args.skip:
-            one = throughput_rounds(bootstrap, tmp, lines, args.rounds, pin=args.pin, kw=kw)
+            one = throughput_rounds(
+                bootstrap, tmp, lines, args.rounds, pin=args.pin, kw={**kw, "broker_pid": jvm}
+            )
         if "latency" not in args.skip:
             rate = one / 2 if one else args.rate
             p50, p99, n = latency(
