@@ -84,13 +84,10 @@ class CpuMeter:
         self._thread.start()
 
     def _sample(self, start: bool = False) -> None:
-        ticks = os.sysconf("SC_CLK_TCK")
         for root in self.roots:
             for pid in tree_pids(root):
-                with contextlib.suppress(OSError, IndexError, ValueError):
-                    with open(f"/proc/{pid}/stat") as fh:
-                        fields = fh.read().rsplit(")", 1)[1].split()
-                    cpu = (int(fields[11]) + int(fields[12])) / ticks
+                with contextlib.suppress(OSError, IndexError, ValueError):  # it ended
+                    cpu = own_cpu(pid)
                     self.first.setdefault(pid, cpu if start else 0.0)
                     self.last[pid] = cpu
 
