@@ -455,6 +455,101 @@ def test_the_state_gate_holds_steps_back_until_reopened_and_waits_for_those_unde
     run(go)
 
 
+def test_a_step_woken_by_the_gate_and_closed_out_again_before_it_ran_waits_again() -> None:
+    from worker.kafka.app import StateGate
+
+    async def go() -> None:
+        gate = StateGate(timeout=5.0)
+        await gate.close()
+        entered: list[str] = []
+
+        async def step() -> None:
+            async with gate.step():
+                entered.append("in")
+
+        task = asyncio.create_task(step())
+        await asyncio.sleep(0.01)  # waiting at the closed gate
+        gate.open()
+        await gate.close()  # before the woken step ran: it must not start now
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert entered == [] and not task.done()
+        gate.open()
+        await asyncio.wait_for(task, 5)
+        assert entered == ["in"]
+
+    run(go)
+
+
+def test_a_restore_overtaken_by_another_rebalance_does_not_reopen_the_gate(
+    tmp_path: Path,
+) -> None:
+    """Faust's recovery says complete at the end of a restore even when partitions were
+    revoked again meanwhile: the gate opens only at the end of the latest one."""
+    worker, _ = _worker(tmp_path)
+    restart = worker.app.tables.recovery.signal_recovery_start
+
+    async def go() -> None:
+        await worker._on_revoked(None)
+        await worker._on_rebalance_complete(None)  # revoked again before this restore ended
+        assert not worker.gate.is_open and not worker.ready
+        await worker._on_assigned(None)
+        restart.set()  # assigned again, its restore not begun
+        await worker._on_rebalance_complete(None)
+        assert not worker.gate.is_open
+        restart.clear()  # that restore began, and now ends
+        await worker._on_rebalance_complete(None)
+        assert worker.gate.is_open and worker.ready
+
+    run(go)
+
+
+def test_no_ack_for_messages_of_revoked_partitions_or_of_an_older_generation() -> None:
+    from faust.types import TP
+
+    from worker.kafka import faustfix
+
+    kept, gone = TP("raw", 0), TP("raw", 1)
+
+    class Message:
+        def __init__(self, tp: TP, generation_id: int) -> None:
+            self.tp, self.generation_id, self.refs = tp, generation_id, 0
+
+        def incref(self) -> None:
+            self.refs += 1
+
+    class Event:
+        def __init__(self, tp: TP, generation_id: int = 7) -> None:
+            self.message = Message(tp, generation_id)
+
+    now = {kept, gone}
+
+    class Consumer:
+        def assignment(self) -> set[TP]:
+            return set(now)
+
+    class App:
+        consumer = Consumer()
+        consumer_generation_id = 7
+
+    acked: list[TP] = []
+
+    class Stream:
+        app = App()
+
+        async def ack(self, event: Event) -> None:
+            acked.append(event.message.tp)
+
+    async def handle(events: list[Any]) -> None:
+        now.discard(gone)  # a revoke while the step ran
+
+    # the last was fetched before a rebalance that gave its partition back: read again
+    events = [Event(kept), Event(gone), Event(kept), Event(kept, generation_id=6)]
+    run(lambda: faustfix.acked_when_done(Stream(), events, handle))
+    assert acked == [kept, kept]
+    assert all(e.message.refs == 1 for e in events)
+
+
 def test_a_revoke_waits_for_the_sequencer_step_then_flushes_the_changelog_then_unloads(
     tmp_path: Path,
 ) -> None:
@@ -498,6 +593,7 @@ def test_a_revoke_waits_for_the_sequencer_step_then_flushes_the_changelog_then_u
             release.set()
             await asyncio.wait_for(revoke, 30)
             assert not worker.gate.is_open
+            await worker._on_assigned(None)
             await worker._on_rebalance_complete(None)
             assert worker.gate.is_open
 

@@ -53,6 +53,8 @@ def test_a_batch_cancelled_halfway_stays_unacknowledged() -> None:
     from worker.kafka.faustfix import acked_when_done
 
     class Message:
+        tp, generation_id = ("raw", 0), 1
+
         def __init__(self) -> None:
             self.refcount = 1  # the stream's own reference
 
@@ -63,7 +65,16 @@ def test_a_batch_cancelled_halfway_stays_unacknowledged() -> None:
         def __init__(self) -> None:
             self.message = Message()
 
+    class Consumer:
+        def assignment(self) -> set[tuple[str, int]]:
+            return {("raw", 0)}
+
+    class App:
+        consumer, consumer_generation_id = Consumer(), 1
+
     class Stream:
+        app = App()
+
         async def ack(self, event: Event) -> None:
             event.message.refcount -= 1
 

@@ -145,7 +145,8 @@ class StateGate:
     @contextlib.asynccontextmanager
     async def step(self) -> AsyncIterator[None]:
         """One step: it starts once the gate is open."""
-        await self._open.wait()
+        while not self._open.is_set():  # closed again before this step woke: wait again
+            await self._open.wait()
         self._steps += 1
         self._idle.clear()
         try:
@@ -252,6 +253,8 @@ class Worker:
         self.flush: Callable[[], Awaitable[None]] = self._flush
         self.ready = False
         self.gate = StateGate(settings.session_timeout_ms / 1000)
+        #: Partitions were revoked and none assigned since (a rebalance under way).
+        self.revoked = False
 
         async def analyse_agent(stream: Any) -> None:
             async for events in stream.take_events(ANALYSE_BATCH, within=EVENT_WAIT_S):
@@ -264,22 +267,28 @@ class Worker:
         async def http_task() -> None:
             await serve(settings.http_host, settings.http_port, self.metrics.render, self.is_ready)
 
-        async def before_shutdown(sender: Any, *args: Any, **kwargs: Any) -> None:
-            self.ready = False
-            await self.absent.close()
-
         self.analyse_agent = self._agent(self.raw, "neardup.analyse", analyse_agent)
         self.sequence_agent = self._agent(self.sequence, "neardup.sequence", sequence_agent)
         if self.routed:
             self._routing_agents()
         self._timers(settings.mark_interval_ms / 1000)
-        # (cast: mode types a receiver with a keyword-only ``signal`` parameter)
-        cast(Any, app.on_partitions_revoked).connect(self._on_revoked)
-        cast(Any, app.on_rebalance_complete).connect(self._on_rebalance_complete)
-        cast(Any, app.on_before_shutdown).connect(before_shutdown)
+        self._signals()
         if serve_http:
             app.task(http_task)
         app.task(self._install_dump)
+
+    def _signals(self) -> None:
+        app = self.app
+
+        async def before_shutdown(sender: Any, *args: Any, **kwargs: Any) -> None:
+            self.ready = False
+            await self.absent.close()
+
+        # (cast: mode types a receiver with a keyword-only ``signal`` parameter)
+        cast(Any, app.on_partitions_revoked).connect(self._on_revoked)
+        cast(Any, app.on_partitions_assigned).connect(self._on_assigned)
+        cast(Any, app.on_rebalance_complete).connect(self._on_rebalance_complete)
+        cast(Any, app.on_before_shutdown).connect(before_shutdown)
 
     def _init_unstick(self, settings: Settings) -> None:
         #: Partitions seen stuck (``faustfix.stuck_partitions``): offset, since when.
@@ -430,11 +439,7 @@ class Worker:
             yield self._assigned(events)
 
     def _assigned(self, events: list[Any]) -> list[Any]:
-        try:
-            assigned = self.app.consumer.assignment()
-        except Exception:  # no consumer (agent tests): every event is this worker's
-            return events
-        kept = [e for e in events if e.message.tp in assigned]
+        kept = faustfix.assigned(self.app, events)
         if len(kept) < len(events):
             log.info("%d events of partitions no longer assigned left to their new owner",
                      len(events) - len(kept))  # fmt: skip
@@ -796,11 +801,23 @@ class Worker:
         done (``_state_step``); then the changelog is flushed, acknowledged, and the
         sequencer's in-memory state, rebuilt from its table later, is dropped."""
         self.ready = False
+        self.revoked = True
         await self.gate.close()
         await self.flush_changelog(wait=True)
         self.stage.unload()
 
+    async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        self.revoked = False
+
     async def _on_rebalance_complete(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        """The restore is done: the state steps may run again, unless this is the end of
+        a restore that a newer rebalance overtook (Faust's recovery service says complete
+        at the end of a restore whatever came since): partitions revoked since the last
+        assignment, or an assignment whose restore has not begun. The gate stays closed
+        until that one's restore is done too."""
+        if self.revoked or faustfix.restoring_again(self.app):
+            log.info("a restore ended behind a newer rebalance: the state steps wait for its")
+            return
         self.ready = True
         self.gate.open()
 

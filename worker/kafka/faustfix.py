@@ -267,6 +267,32 @@ def handled_below(
     return at
 
 
+def assigned(app: Any, events: list[Any]) -> list[Any]:
+    """The events of ``events`` fetched in the consumer's current generation, of
+    partitions it has now (all of them where there is no consumer running: the agent
+    tests). The others were taken before a rebalance: their partitions went to another
+    worker, or came back here and are read again from the committed offset."""
+    from faust.exceptions import ConsumerNotStarted
+
+    try:
+        now = app.consumer.assignment()
+    except ConsumerNotStarted:
+        return events
+    generation = app.consumer_generation_id
+    return [
+        e for e in events if e.message.tp in now and e.message.generation_id in (None, generation)
+    ]
+
+
+def restoring_again(app: Any) -> bool:
+    """Whether Faust has been given a new assignment whose restore has not begun yet.
+
+    Its recovery service sends ``on_rebalance_complete`` at the end of a restore without
+    checking that no rebalance came meanwhile; an assignment since then sets this signal,
+    and the service clears it as it starts the next restore."""
+    return bool(app.tables.recovery.signal_recovery_start.is_set())
+
+
 async def acked_when_done(
     stream: Any, events: list[Any], handle: Callable[[list[Any]], Awaitable[None]]
 ) -> None:
@@ -276,9 +302,15 @@ async def acked_when_done(
     cancelled halfway through it (the worker stopping, at a leave or a restart), the
     messages not yet handled are acknowledged too, their offsets committed, and they are
     never seen again. Holding one more reference on each message until its outputs went
-    to the producer leaves them unacknowledged in that case, to be read again."""
+    to the producer leaves them unacknowledged in that case, to be read again.
+
+    Messages of partitions revoked meanwhile are not acknowledged: Faust forgot their
+    offsets at the revoke, and an acknowledgement now would put them back as handled,
+    with no committed offset to compare them with, where a later assignment of the
+    partition would take them as handled in its generation too. The partition's next
+    owner reads them from its committed offset."""
     for event in events:
         event.message.incref()
     await handle(events)
-    for event in events:
+    for event in assigned(stream.app, events):
         await stream.ack(event)
