@@ -84,8 +84,13 @@ GAP_CHECK_S = 1.0
 #: How often the analyse agent looks again while the raw pages are paused.
 PAUSED_POLL_S = 0.05
 
-#: Bytes a partition per fetch while the tables are restored from their changelogs.
+#: Bytes a partition per fetch while the tables are restored from their changelogs
+#: (aiokafka's default, 1 MiB, made restoring a table fetch-bound) ...
 RESTORE_FETCH_BYTES = 16 << 20
+#: ... and the rest of the time (``faustfix.set_fetch_size``). Fetches of 16 MiB of raw
+#: pages cost the consumer thread about twice the CPU a page of fetches of 1 MiB (asyncio's
+#: stream reader copies each response as it grows and again as it hands it over).
+STREAM_FETCH_BYTES = 1 << 20
 
 #: Changelogs are compacted topics. Pages pending and in flight are written, then
 #: deleted, a step later, so most of a changelog's bytes are values that compaction drops;
@@ -221,8 +226,7 @@ class Worker:
             # aiokafka holds one batch per partition while another is in flight: with
             # Kafka's 16 KiB, each analysed page (~15 KiB) would wait for a round trip
             producer_max_batch_size=PRODUCER_BATCH_BYTES,
-            # recovery reads the changelogs at this many bytes a partition and fetch
-            # (aiokafka's default, 1 MiB, made restoring a table fetch-bound)
+            # from the start: a worker's first assignment restores its tables
             consumer_max_fetch_size=RESTORE_FETCH_BYTES,
             web_enabled=False,
             autodiscover=False,
@@ -808,6 +812,7 @@ class Worker:
 
     async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         self.revoked = False
+        faustfix.set_fetch_size(self.app, RESTORE_FETCH_BYTES)  # the restore comes next
 
     async def _on_rebalance_complete(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """The restore is done: the state steps may run again, unless this is the end of
@@ -818,6 +823,7 @@ class Worker:
         if self.revoked or faustfix.restoring_again(self.app):
             log.info("a restore ended behind a newer rebalance: the state steps wait for its")
             return
+        faustfix.set_fetch_size(self.app, STREAM_FETCH_BYTES)
         self.ready = True
         self.gate.open()
 

@@ -267,6 +267,20 @@ def handled_below(
     return at
 
 
+def set_fetch_size(app: Any, nbytes: int) -> None:
+    """Bytes a partition per fetch from now on (Faust's ``consumer_max_fetch_size``, which
+    it sets once): aiokafka's fetcher reads it for each fetch request it builds, in the
+    consumer's thread. Nothing happens before the consumer has started."""
+    from faust.exceptions import ConsumerNotStarted
+
+    try:
+        fetcher = app.consumer._thread._ensure_consumer()._fetcher
+    except ConsumerNotStarted:
+        return
+    if fetcher is not None:
+        fetcher._max_partition_fetch_bytes = nbytes
+
+
 def assigned(app: Any, events: list[Any]) -> list[Any]:
     """The events of ``events`` fetched in the consumer's current generation, of
     partitions it has now (all of them where there is no consumer running: the agent
