@@ -21,6 +21,14 @@ class _Consumer:
         self._acked_index: dict[str, set[int]] = {"tp": set(acked)}
         self._gap: dict[str, IntervalTree] = defaultdict(IntervalTree)
         self._committed_offset: dict[str, int | None] = {"tp": committed}
+        self._unacked_messages: set[Any] = set()
+        self.app = type("App", (), {"consumer_generation_id": 7})()
+
+    def deliver(self, offset: int, generation: int = 7) -> None:
+        """A message handed to the streams and not acknowledged yet."""
+        message = type("M", (), {"tp": "tp", "offset": offset, "acked": False})()
+        message.generation_id = generation
+        self._unacked_messages.add(message)
 
 
 def _new_offset(consumer: _Consumer) -> int | None:
@@ -43,6 +51,18 @@ def test_a_run_after_the_first_commit_and_gaps_of_compacted_topics() -> None:
     c._gap["tp"].addi(10, 12)  # offsets 10 and 11 do not exist in the topic
     assert _new_offset(c) == 14
     assert _new_offset(_Consumer(None, [3, 4, 7])) == 5  # no commit yet: as Faust does
+
+
+def test_with_no_commit_yet_a_message_still_in_hand_below_the_acknowledged_holds() -> None:
+    # nothing committed on the partition yet: 4 and 5 are acknowledged while 3, read
+    # before them, is still being handled; taking min(acked) as the start committed 6
+    c = _Consumer(None, [4, 5])
+    c.deliver(3)
+    assert _new_offset(c) is None
+    c = _Consumer(None, [4, 5])
+    c.deliver(3, generation=6)  # fetched before a rebalance: read again, not waited for
+    c.deliver(8)  # above the run: does not hold it
+    assert _new_offset(c) == 6
 
 
 def test_a_batch_cancelled_halfway_stays_unacknowledged() -> None:

@@ -83,6 +83,21 @@ def strict_commits() -> None:
     committed past, never handled (the join-then-kill fault test lost pages so)."""
     from faust.transport import consumer as faust_consumer
 
+    def first_unhandled(self: Any, tp: Any) -> int:
+        # No commit yet (or one of offset 0, which Faust keeps as none): where reading
+        # began is unknown here. Every message below an acknowledged one was delivered
+        # to the streams before it (the fetch loop hands a partition's messages over in
+        # order, tracking each as unacknowledged first), so the lowest offset still
+        # unacknowledged in this generation, if below every acknowledged one, is where
+        # the run must start: it is not committed past.
+        generation = self.app.consumer_generation_id
+        waiting = [
+            m.offset
+            for m in list(self._unacked_messages)
+            if m.tp == tp and not m.acked and m.generation_id in (None, generation)
+        ]
+        return int(min([*waiting, *self._acked[tp]]))
+
     def new_offset(self: Any, tp: Any) -> int | None:
         acked = self._acked[tp]
         index = self._acked_index[tp]
@@ -92,7 +107,7 @@ def strict_commits() -> None:
             return None
         # from the committed offset (the next one to read), over acknowledged offsets
         # and offsets that hold no message; none acknowledged past a trailing gap too
-        start = at = min(acked) if committed is None else int(committed)
+        start = at = int(committed) if committed is not None else first_unhandled(self, tp)
         while True:
             if at in index:
                 at += 1
