@@ -1,0 +1,131 @@
+"""Resident memory of one worker as its state grows: the dev pages again and again under
+new ids (as ``bench/worker.py``'s recovery does), produced a chunk at a time as the
+worker keeps up, against a real broker.
+
+    KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19092 .venv/bin/python bench/memory.py \
+        [--pages 100000] [--every 10000] [--checkout DIR] [--env NAME=VALUE ...]
+
+Every ``--every`` pages decided it prints the worker process's own resident memory
+(VmRSS), the peak of its process tree's (the worker and its sandbox children, sampled
+every second; pages they share count more than once), and the tables' RocksDB memory
+from ``/metrics`` (``neardup_rocksdb_memory_bytes``, where the build has it). At the end:
+the CPU of the process tree a page (children that ended are not counted) and the pages
+per second. ``--checkout`` runs the worker of another checkout (a ``git worktree`` of an
+earlier commit, say) for a comparison; run the two one after the other, more than once,
+on a quiet machine. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import DATA, raw_lines
+from bench.worker import Run, copies, own_cpu
+from tests.integration import helpers
+from tests.integration.helpers import produce, tree_pids, wait_for
+
+MIB = 1 << 20
+
+
+def rss(pid: int) -> int:
+    """Resident bytes of one process (0 once it has ended)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def rocksdb_bytes(metrics: str) -> int | None:
+    found = re.search(r"^neardup_rocksdb_memory_bytes (\S+)$", metrics, re.M)
+    return int(float(found.group(1))) if found else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+    ap.add_argument("--data", type=Path, default=DATA / "neardup-dev")
+    ap.add_argument("--pages", type=int, default=100_000)
+    ap.add_argument("--every", type=int, default=10_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--checkout", type=Path, default=None, help="run this checkout's worker")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    args = ap.parse_args()
+    if not args.bootstrap:
+        raise SystemExit("set KAFKA_BOOTSTRAP_SERVERS (scripts/kafka-local.sh start)")
+
+    lines = [ln.rstrip(b"\n") for ln in raw_lines(args.data / "pages.jsonl.gz")]
+    tmp = Path(tempfile.mkdtemp(prefix="neardup-memory-"))
+    raw_configs = {"retention.ms": str(10 * 60 * 1000), "segment.bytes": str(128 << 20)}
+    run = Run(args.bootstrap, tmp, args.partitions, "routed", raw_configs)
+    worker = run.worker(0)
+    worker.env.update(dict(item.split("=", 1) for item in args.env))
+    if args.checkout is not None:
+        # the worker runs ``python -m worker.kafka`` in ``helpers.ROOT``, which puts that
+        # directory first on its path: the other checkout's package is the one imported
+        helpers.ROOT = args.checkout.resolve()
+    commit = subprocess.run(
+        ["git", "-C", str(args.checkout or Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    worker.start()
+    assert worker.proc is not None
+    pid = worker.proc.pid
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(1.0):
+            peak[0] = max(peak[0], sum(rss(p) for p in tree_pids(pid)))
+
+    threading.Thread(target=sample, daemon=True).start()
+    print(f"worker of {commit}, {args.partitions} partitions, {args.pages} pages, env {args.env}")
+    print("pages decided | seconds | worker RSS MiB | tree peak MiB | RocksDB MiB")
+    t0 = time.time()
+    chunk, shown = 2000, 0
+    try:
+        produced = 0
+        while shown < args.pages:
+            if produced < args.pages and run.outputs() >= produced - chunk:
+                stop = min(produced + chunk, args.pages)
+                produce(args.bootstrap, run.names.raw, copies(lines, produced, stop))
+                produced = stop
+            n = run.outputs()
+            if n >= min(shown + args.every, args.pages):
+                shown = n - n % args.every if n < args.pages else args.pages
+                rocks = rocksdb_bytes(worker.fetch("/metrics")[1])
+                print(
+                    f"{n:13d} | {time.time() - t0:7.0f} | {rss(pid) / MIB:14.0f} | "
+                    f"{peak[0] / MIB:13.0f} | " + ("-" if rocks is None else f"{rocks / MIB:.0f}"),
+                    flush=True,
+                )
+            time.sleep(0.5)
+        wait_for(lambda: run.outputs() >= args.pages, 600, "every page answered")
+        cpu = sum(own_cpu(p) for p in tree_pids(pid))
+        took = time.time() - t0
+        print(
+            f"CPU of the tree {1000 * cpu / args.pages:.2f} ms a page; "
+            f"{args.pages / took:.1f} pages/s"
+        )
+    finally:
+        done.set()
+        run.close()
+
+
+if __name__ == "__main__":
+    main()
