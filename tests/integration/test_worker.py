@@ -146,6 +146,12 @@ def test_bad_messages_go_to_the_dead_letter_topic_and_the_endpoint_answers(
     metrics = _metrics(w)
     assert 'neardup_rejects_total{reason="bad_json"} 1.0' in metrics
     assert "neardup_stage_latency_seconds_bucket" in metrics
+    # the tables' RocksDB databases share one cache of NEARDUP_ROCKSDB_MEMORY_MB (256)
+    gauges = dict(
+        line.split(" ", 1) for line in metrics.splitlines() if line.startswith("neardup_rocksdb_")
+    )
+    assert float(gauges["neardup_rocksdb_memory_limit_bytes"]) == 256 << 20
+    assert 0 < float(gauges["neardup_rocksdb_memory_bytes"]) <= 256 << 20
 
 
 def test_a_crawler_writing_in_transactions_has_every_page_decided_and_its_markers_passed(

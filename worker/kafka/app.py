@@ -40,7 +40,7 @@ from typing import Any, cast
 import faust
 
 from worker.engine import Analysed, Stats
-from worker.kafka import dump, faustfix, wire
+from worker.kafka import dump, faustfix, rocksmem, wire
 from worker.kafka.absent import Absent
 from worker.kafka.http import serve
 from worker.kafka.metrics import Metrics
@@ -209,6 +209,8 @@ class Worker:
         self.pauses = 0
         self.backlog = 0
         faustfix.install()
+        if store.startswith("rocksdb"):
+            rocksmem.bound(settings.rocksdb_memory_mb << 20)
         self.app = app = faust.App(
             settings.app_id,
             broker=[f"kafka://{h}" for h in settings.brokers.split(",")],

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from worker.kafka import rocksmem
+
 if TYPE_CHECKING:
     from worker.kafka.app import Worker
     from worker.kafka.stage import Emit
@@ -123,6 +125,7 @@ class _StageCollector:
         g = GaugeMetricFamily("neardup_state_bytes", "Bytes of local table state on disk")
         g.add_metric([], size)
         yield g
+        yield from _rocksdb()
 
         lag = GaugeMetricFamily(
             "neardup_consumer_lag", "Raw messages not yet committed", labels=["partition"]
@@ -130,6 +133,23 @@ class _StageCollector:
         for partition, n in sorted(self.m.lag.items()):
             lag.add_metric([str(partition)], n)
         yield lag
+
+
+def _rocksdb() -> Iterator[Metric]:
+    """The tables' shared RocksDB memory (``worker.kafka.rocksmem``), where it is bounded."""
+    if (rocks := rocksmem.usage()) is None:
+        return
+    g = GaugeMetricFamily(
+        "neardup_rocksdb_memory_bytes",
+        "Bytes held by the tables' shared RocksDB block cache, memtables included",
+    )
+    g.add_metric([], rocks[0])
+    yield g
+    g = GaugeMetricFamily(
+        "neardup_rocksdb_memory_limit_bytes", "Capacity of that cache (NEARDUP_ROCKSDB_MEMORY_MB)"
+    )
+    g.add_metric([], rocks[1])
+    yield g
 
 
 class Metrics:

@@ -1,0 +1,70 @@
+"""One memory budget for the RocksDB databases of the worker's tables.
+
+Faust opens a RocksDB database for each table partition a worker holds, active or
+standby, and gives each its own options (``faust.stores.rocksdb`` defaults): a block
+cache of 2 GiB and up to three memtables of 64 MiB. A worker that holds the state table
+and N partitions of the buckets and of the sketches has 2N + 1 of them, so its memory
+grows with its state towards (2N + 1) x 2.2 GiB, far past any container limit, and
+never levels off where the operator can see it coming.
+
+``bound`` gives every database the worker opens one shared block cache of
+``memory_bytes`` and one write buffer manager that charges their memtables to that
+cache (RocksDB's way of keeping "memtables + block cache under a single limit"). Each
+memtable is at most ``MEMTABLE_BYTES``: small enough that one database cannot take the
+whole write budget before a flush. Bloom filters and the index type stay as Faust set
+them. Reads past the cache go to the files, through the operating system's page cache,
+which the kernel can reclaim.
+
+Only the worker's tables (Faust's store) are bounded here; ``neardup dedup --state``
+opens a single database (``worker.store.RocksKV``) with RocksDB's own defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The most one table partition's memtable may hold before it is flushed.
+MEMTABLE_BYTES = 16 << 20
+
+_budget: dict[str, Any] = {}
+
+
+def bound(memory_bytes: int) -> None:
+    """Make every RocksDB database Faust opens from now on in this process share one
+    block cache of ``memory_bytes``, their memtables counted in it."""
+    import rocksdict
+    from faust.stores import rocksdb as faust_rocksdb
+
+    cache = rocksdict.Cache(memory_bytes)
+    manager = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+        memory_bytes // 2, False, cache
+    )
+    _budget.update(cache=cache, manager=manager, bytes=memory_bytes)
+    cls = faust_rocksdb.RocksDBOptions
+    if getattr(cls.as_options, "neardup_bounded", False):
+        return
+    original = cls.as_options
+
+    def as_options(self: Any) -> Any:
+        options = original(self)
+        if not (self.use_rocksdict and _budget):
+            return options
+        table = rocksdict.BlockBasedOptions()
+        table.set_bloom_filter(self.bloom_filter_size, True)
+        table.set_index_type(rocksdict.BlockBasedIndexType.binary_search())
+        table.set_block_cache(_budget["cache"])
+        options.set_block_based_table_factory(table)
+        options.set_write_buffer_manager(_budget["manager"])
+        options.set_write_buffer_size(min(int(self.write_buffer_size), MEMTABLE_BYTES))
+        return options
+
+    as_options.neardup_bounded = True  # type: ignore[attr-defined]
+    setattr(cls, "as_options", as_options)  # noqa: B010
+
+
+def usage() -> tuple[int, int] | None:
+    """Bytes the shared cache holds now (blocks and memtables), and its capacity; None
+    when ``bound`` was not called."""
+    if not _budget:
+        return None
+    return int(_budget["cache"].get_usage()), int(_budget["bytes"])
