@@ -78,7 +78,14 @@ def main() -> None:
         # directory first on its path: the other checkout's package is the one imported
         helpers.ROOT = args.checkout.resolve()
     commit = subprocess.run(
-        ["git", "-C", str(args.checkout or Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+        [
+            "git",
+            "-C",
+            str(args.checkout or Path(__file__).parent),
+            "describe",
+            "--always",
+            "--dirty",
+        ],
         capture_output=True,
         text=True,
         check=False,

@@ -81,8 +81,8 @@ class Settings(BaseSettings):
     max_backlog: int = Field(default=2000, ge=0, le=10_000_000)
     #: Memory for the RocksDB databases of all the worker's table partitions together,
     #: in MiB (NEARDUP_ROCKSDB_MEMORY_MB): one block cache, the memtables charged to it
-    #: (``worker.kafka.rocksmem``). Without it, Faust gives each partition's database a
-    #: 2 GiB cache and 192 MiB of memtables of its own.
+    #: (``worker.kafka.rocksmem``), in place of Faust's defaults, which give each
+    #: partition's database a 2 GiB cache and 192 MiB of memtables of its own.
     rocksdb_memory_mb: int = Field(default=256, ge=16, le=1_048_576)
     #: Standby replicas of the state tables on other workers (NEARDUP_STANDBY_REPLICAS).
     standby_replicas: int = Field(default=1, ge=0, le=8)

@@ -76,7 +76,8 @@ def strict_commits() -> None:
     if ``min(acked) - committed > 1``: one unacknowledged message right at the committed
     offset is committed past (faust-streaming issues #312, #606). This is the same
     function with the check made exact (``committed`` is the next offset to read, as
-    Kafka's commits are). Offsets the topic does not have (transaction markers, compacted
+    Kafka's commits are); with no commit yet, the run starts at the lowest offset still
+    in hand, not at ``min(acked)``. Offsets the topic does not have (transaction markers, compacted
     records) are gaps, counted as acknowledged; but only those the broker said it lacks
     (``mark_absent``). Faust's ``_add_gap`` took any jump in what its fetch loop saw for
     one: after a seek, a batch fetched before it jumps, and messages that exist were

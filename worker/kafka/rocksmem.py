@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker.kafka.faustfix import _once
+
 #: The most one table partition's memtable may hold before it is flushed.
 MEMTABLE_BYTES = 16 << 20
 
@@ -41,8 +43,6 @@ def bound(memory_bytes: int) -> None:
     )
     _budget.update(cache=cache, manager=manager, bytes=memory_bytes)
     cls = faust_rocksdb.RocksDBOptions
-    if getattr(cls.as_options, "neardup_bounded", False):
-        return
     original = cls.as_options
 
     def as_options(self: Any) -> Any:
@@ -58,8 +58,7 @@ def bound(memory_bytes: int) -> None:
         options.set_write_buffer_size(min(int(self.write_buffer_size), MEMTABLE_BYTES))
         return options
 
-    as_options.neardup_bounded = True  # type: ignore[attr-defined]
-    setattr(cls, "as_options", as_options)  # noqa: B010
+    _once(cls, "as_options", as_options)  # a later call only changes ``_budget``
 
 
 def usage() -> tuple[int, int] | None:
