@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 ARTICLES: dict[str, list[str]] = {
     "rail": [
@@ -122,3 +128,14 @@ def raw_page(
 
 def line(msg: dict[str, str]) -> str:
     return json.dumps(msg, ensure_ascii=False)
+
+
+def in_a_process(code: str, *, hash_seed: int) -> str:
+    """What ``code`` prints, run by a new interpreter in the repository with
+    ``PYTHONHASHSEED=hash_seed``."""
+    env = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout

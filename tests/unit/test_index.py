@@ -71,9 +71,17 @@ def test_every_fingerprint_within_k_shares_a_bucket(fp: int, bits: list[int], bl
     assert set(bucket_keys(b"P", fp, masks)) & set(bucket_keys(b"P", near, masks))
 
 
-def test_bucket_keys_are_deterministic() -> None:
-    masks = table_masks(CFG)
-    assert bucket_keys(b"P", 12345, masks) == bucket_keys(b"P", 12345, masks)
+def test_bucket_keys_are_pinned() -> None:
+    # The keys name stored buckets and route probes to table partitions: they must not
+    # change. With 4 blocks and k1 = 3, table t keys on block t alone, counted from the
+    # top: the prefix, the table number, then the 64 bits with the other blocks zeroed.
+    fp = 0x1111_2222_3333_4444
+    assert bucket_keys(b"P", fp, table_masks(CFG)) == [
+        b"P\x00" + bytes.fromhex("1111000000000000"),
+        b"P\x01" + bytes.fromhex("0000222200000000"),
+        b"P\x02" + bytes.fromhex("0000000033330000"),
+        b"P\x03" + bytes.fromhex("0000000000004444"),
+    ]
 
 
 def test_lookup_finds_within_k1_and_not_beyond(kv: KV) -> None:
