@@ -302,8 +302,8 @@ def test_a_state_store_that_cannot_be_opened_stops_the_worker_clearly(
     rival.ended = True
     assert "is in use by another worker" in rival.log.read_text(errors="replace")
     assert twin.alive(), twin.tail()
-    # stopped when idle, so that it keeps its local tables (a worker stopped in the middle
-    # of a step leaves them to be restored from the changelog, and the lock below moot)
+    # stopped when idle, so that it keeps its local tables whole (a worker stopped in the
+    # middle of a step leaves writes for the next start to undo)
     d.wait(lambda: len(d.decided()) + len(d.rejects()) >= three_quarters, DEADLINE, "3/4")
     twin.stop()
     assert "table writes not in the changelog" not in twin.log.read_text(errors="replace")

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from rocksdict import Options, Rdict, WriteBatch
 
-from worker.kafka.__main__ import RUNNING_MARKER, prepare_state, release_state
+from worker.kafka import undo
+from worker.kafka.__main__ import RUNNING_MARKER, doubt_state, prepare_state, release_state
 from worker.kafka.security import (
     REDACTED,
     aiokafka_kwargs,
@@ -59,18 +61,47 @@ def test_the_sequencer_has_one_partition_and_routing_topics_follow_the_setting(
     assert set(names.fixed(settings)) <= set(parts)
 
 
-def test_a_worker_that_did_not_stop_cleanly_loses_its_local_tables(tmp_path: Path) -> None:
+def test_a_killed_worker_keeps_its_tables_less_what_the_changelog_may_lack(
+    tmp_path: Path,
+) -> None:
     tables = tmp_path / "v1" / "tables"
-    tables.mkdir(parents=True)
-    (tables / "state-0.db").write_text("x")
+    db = Rdict(str(tables / "state-0.db"), Options(raw_mode=True))
+    db[b"k"] = b"in the changelog"
+    db[undo.OFFSET_KEY] = b"41"
+    db.close()
     assert not prepare_state(str(tmp_path), str(tables))  # first start: nothing to fear
-    assert (tables / "state-0.db").exists() and (tmp_path / RUNNING_MARKER).exists()
-    # killed: the marker stays, and the next start discards the local tables
+    assert (tmp_path / RUNNING_MARKER).exists()
+    db = Rdict(str(tables / "state-0.db"), Options(raw_mode=True))
+    batch = WriteBatch(raw_mode=True)  # as TableKV._write does; then killed before the flush
+    batch.put(
+        undo.next_key(),
+        undo.encode(41, [b"k", b"new"], [b"in the changelog", None], [b"not sent"] * 2),
+    )
+    batch.put(b"k", b"not sent")
+    batch.put(b"new", b"not sent")
+    db.write(batch)
+    db.close()
+    # killed: the marker stays, and the next start undoes the write, not the tables
     assert prepare_state(str(tmp_path), str(tables))
-    assert not tables.exists()
+    db = Rdict(str(tables / "state-0.db"), Options(raw_mode=True))
+    assert db.get(b"k") == b"in the changelog" and db.get(b"new") is None
+    assert db.get(undo.OFFSET_KEY) == b"41"  # Faust's recovery reads on from offset 42
+    db.close()
     release_state(str(tmp_path))  # a clean stop
     assert not (tmp_path / RUNNING_MARKER).exists()
     assert not prepare_state(str(tmp_path), str(tables))
+
+
+def test_a_worker_that_stopped_with_its_tables_in_doubt_loses_them(tmp_path: Path) -> None:
+    tables = tmp_path / "v1" / "tables"
+    Rdict(str(tables / "state-0.db"), Options(raw_mode=True)).close()
+    assert not prepare_state(str(tmp_path), str(tables))
+    doubt_state(str(tmp_path))  # a failed write or send, an inconsistency found
+    assert prepare_state(str(tmp_path), str(tables))
+    assert not tables.exists()
+    release_state(str(tmp_path))
+    assert not prepare_state(str(tmp_path), str(tables))
+    assert not (tmp_path / "neardup-worker.discard").exists()  # once only
 
 
 def test_the_sandbox_limits_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

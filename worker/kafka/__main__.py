@@ -1,9 +1,12 @@
 """``python -m worker.kafka worker -l info``: run one worker, configured from NEARDUP_*.
 
 Before Faust starts, the worker's topics are created if missing, and the local table state
-is checked: a worker killed without shutting down (SIGKILL, OOM) may have written to its
-RocksDB what never reached the changelog, so its local tables are discarded and restored
-from the changelog, which is the state every other worker would see.
+is checked. A worker killed without shutting down (SIGKILL, OOM) may have written to its
+RocksDB what never reached the changelog: those writes are undone from their undo records
+(``worker.kafka.undo``) and Faust's recovery reads them again from the changelog, which
+is the state every other worker would see. A worker that stopped because its local
+tables were in doubt (a failed write, an inconsistency found) leaves a mark, and its
+tables are discarded and restored from the changelogs whole.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
+from worker.kafka import undo
 from worker.kafka.security import connection_problem, describe, install_log_redaction
 from worker.kafka.topics import ensure_topics_sync
 from worker.settings import Settings
@@ -24,13 +28,17 @@ from worker.settings import Settings
 log = logging.getLogger("worker.kafka")
 
 RUNNING_MARKER = "neardup-worker.running"
+#: Left by a worker that stopped with its local tables in doubt: the next start discards them.
+DISCARD_MARKER = "neardup-worker.discard"
 
 
 def prepare_state(state_dir: str, tabledir: str) -> bool:
     """Mark the state directory as in use; returns True if the previous run did not stop
-    cleanly (its local tables are then removed)."""
+    cleanly (its writes not known to be in the changelogs are then undone, or its local
+    tables removed if it said they were in doubt)."""
     os.makedirs(state_dir, exist_ok=True)
     marker = Path(state_dir) / RUNNING_MARKER
+    discard = Path(state_dir) / DISCARD_MARKER
     unclean = marker.exists()
     if unclean and (owner := _live_owner(marker)) is not None:
         # never discard the tables of a worker that is running on them
@@ -39,14 +47,28 @@ def prepare_state(state_dir: str, tabledir: str) -> bool:
             f"worker (pid {owner}). Give each worker a state directory of its own "
             "(NEARDUP_STATE_DIR)."
         )
-    if unclean and os.path.isdir(tabledir):
+    if discard.exists() and os.path.isdir(tabledir):
         log.warning(
-            "the previous worker on %s did not stop cleanly: discarding its local tables "
-            "(%s); they are restored from the changelog topics",
+            "the previous worker on %s did not stop cleanly, and its local tables were in "
+            "doubt: discarding them (%s); they are restored from the changelog topics",
             state_dir,
             tabledir,
         )
         shutil.rmtree(tabledir)
+    elif os.path.isdir(tabledir):
+        # after any stop: a clean one can leave undo records of a partition revoked
+        # before its changelog answered (worker.kafka.tablekv.Changelog._forget)
+        touched, undone = undo.revert(tabledir)
+        if unclean:
+            log.warning(
+                "the previous worker on %s did not stop cleanly: %d write batches in %d "
+                "local tables were not known to be in the changelog; they were undone, and "
+                "the tables catch up from the changelog topics",
+                state_dir,
+                undone,
+                touched,
+            )
+    discard.unlink(missing_ok=True)
     marker.write_text(f"{os.getpid()}\n")
     return unclean
 
@@ -82,6 +104,12 @@ def fatal_message(exc: BaseException, state_dir: str) -> str:
 
 def release_state(state_dir: str) -> None:
     (Path(state_dir) / RUNNING_MARKER).unlink(missing_ok=True)
+
+
+def doubt_state(state_dir: str) -> None:
+    """The local tables may differ from their changelogs in ways undo records do not
+    cover: the next start discards them."""
+    (Path(state_dir) / DISCARD_MARKER).write_text("local tables in doubt\n")
 
 
 def create_topics(settings: Settings) -> None:
@@ -145,7 +173,13 @@ def main(argv: list[str] | None = None) -> int:
 
         tablekv.on_fatal = on_fatal
         create_topics(settings)
-        prepare_state(settings.state_dir, str(worker.app.conf.tabledir))
+        try:
+            prepare_state(settings.state_dir, str(worker.app.conf.tabledir))
+        except Exception as exc:  # a table locked by another process, an unreadable one
+            # undone or not at all: a table whose undo records were skipped would keep
+            # writes its changelog may lack
+            log.critical("%s", fatal_message(exc, settings.state_dir))
+            return 1
         if not {"--with-web", "--without-web"} & set(argv):
             # Faust's own web server would bind 0.0.0.0:6066; ours is worker.kafka.http
             argv = [*argv, "--without-web"]
@@ -164,10 +198,16 @@ def main(argv: list[str] | None = None) -> int:
             # them: an agent stopped halfway through a batch leaves the marker behind.
             if worker.changelog.clean:
                 release_state(settings.state_dir)
+            elif worker.changelog.failed:  # a failed write or send, an inconsistency
+                doubt_state(settings.state_dir)
+                log.warning(
+                    "stopped with the local tables in doubt: they will be restored from "
+                    "the changelog at the next start"
+                )
             else:
                 log.warning(
-                    "stopped with table writes not in the changelog: the local "
-                    "tables will be restored from the changelog at the next start"
+                    "stopped with table writes not in the changelog: they will be undone "
+                    "at the next start, and the tables catch up from the changelog"
                 )
         return 0
     sys.argv = [sys.argv[0], *argv]

@@ -18,12 +18,17 @@ and ``Changelog`` keeps the persisted offset Faust recovers from. With the memor
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol, cast
 
+from worker.kafka import undo
 from worker.store import KV
+
+log = logging.getLogger("worker.kafka")
 
 #: Bytes of one Kafka batch of changelog records (a larger single record still goes).
 _BATCH_BYTES = 1 << 20
@@ -78,6 +83,13 @@ class Changelog:
     def __init__(self, app: Any) -> None:
         self.app = app
         self._pending: dict[tuple[Any, int], list[tuple[bytes, bytes | None]]] = {}
+        #: The undo records (``worker.kafka.undo``) of the pending records, and the keys
+        #: they cover: a key written again before the flush needs no second one (its
+        #: value before the first write is what an undo must restore).
+        self._undo: dict[tuple[Any, int], list[bytes]] = {}
+        self._covered: dict[tuple[Any, int], set[bytes]] = {}
+        #: The last changelog offset known to be in the changelog, per table partition.
+        self._persisted: dict[tuple[Any, int], int | None] = {}
         self._sent: list[asyncio.Future[Any]] = []
         #: A batch of records never reached the broker, or a local write failed: the
         #: local tables may differ from their changelogs.
@@ -91,8 +103,36 @@ class Changelog:
         the local tables are ahead of their changelogs)."""
         return not self.failed and not self._pending and all(f.done() for f in self._sent)
 
-    def add(self, table: Any, partition: int, records: list[tuple[bytes, bytes | None]]) -> None:
+    def add(
+        self,
+        table: Any,
+        partition: int,
+        records: list[tuple[bytes, bytes | None]],
+        undo_key: bytes | None = None,
+        covers: Iterable[bytes] = (),
+    ) -> None:
+        """Records written locally, to send at the next flush; ``undo_key`` names the undo
+        record written with them, which holds the values of ``covers`` before."""
         self._pending.setdefault((table, partition), []).extend(records)
+        if undo_key is not None:
+            self._undo.setdefault((table, partition), []).append(undo_key)
+            self._covered.setdefault((table, partition), set()).update(covers)
+
+    def uncovered(self, table: Any, partition: int, keys: list[bytes]) -> list[bytes]:
+        """Those of ``keys`` no undo record of the pending records covers yet."""
+        covered = self._covered.get((table, partition), ())
+        return [k for k in dict.fromkeys(keys) if k not in covered]
+
+    def persisted(self, table: Any, partition: int) -> int | None:
+        """The last offset of the partition's changelog known to hold this worker's
+        records (Faust's persisted offset, then what the broker acknowledged)."""
+        where = (table, partition)
+        if where not in self._persisted:
+            from faust.types import TP
+
+            topic = table.changelog_topic.get_topic_name()
+            self._persisted[where] = table.data.persisted_offset(TP(topic, partition))
+        return self._persisted[where]
 
     async def flush(self, *, wait: bool = True) -> None:
         """Hand the records to the producer; with ``wait``, until the broker has them all
@@ -102,6 +142,8 @@ class Changelog:
         )
 
         pending, self._pending = self._pending, {}
+        undo_keys, self._undo = self._undo, {}
+        self._covered = {}
         try:
             for (table, partition), records in pending.items():
                 producer = self.app.producer._producer  # Faust's aiokafka producer
@@ -112,7 +154,10 @@ class Changelog:
                         await self._send(producer, batch, table, topic, partition)
                         batch = BatchBuilder(_BATCH_BYTES, _NO_COMPRESSION)
                         batch.append(timestamp=None, key=key, value=value)
-                await self._send(producer, batch, table, topic, partition)
+                last = await self._send(producer, batch, table, topic, partition)
+                done = undo_keys.get((table, partition))
+                if done:  # the partition's batches are acknowledged in order: the last, all
+                    last.add_done_callback(functools.partial(self._forget, table, partition, done))
         except BaseException:  # cancelled at shutdown, or the producer is gone
             self.failed = True
             raise
@@ -126,21 +171,47 @@ class Changelog:
         if self.failed:
             raise RuntimeError("changelog records did not reach the broker")
 
-    async def _send(self, producer: Any, batch: Any, table: Any, topic: str, p: int) -> None:
+    async def _send(
+        self, producer: Any, batch: Any, table: Any, topic: str, p: int
+    ) -> asyncio.Future[Any]:
         from faust.types import TP
 
         count = batch.record_count()
-        future = await producer.send_batch(batch, topic, partition=p)
+        future: asyncio.Future[Any] = await producer.send_batch(batch, topic, partition=p)
 
         def persisted(fut: asyncio.Future[Any]) -> None:
             if fut.cancelled() or fut.exception() is not None:
                 self.failed = True
                 return
             # Faust recovers a partition from the offset after this one
-            table.data.set_persisted_offset(TP(topic, p), fut.result().offset + count - 1)
+            offset = fut.result().offset + count - 1
+            self._persisted[(table, p)] = offset
+            table.data.set_persisted_offset(TP(topic, p), offset)
 
         future.add_done_callback(persisted)
         self._sent.append(future)
+        return future
+
+    @staticmethod
+    def _forget(table: Any, partition: int, keys: list[bytes], fut: asyncio.Future[Any]) -> None:
+        """Delete the undo records of writes the changelog now has (after ``persisted``).
+        If the partition's database is closed (revoked meanwhile) or the delete fails, they
+        stay: the next start undoes those writes and reads them from the changelog again,
+        which is slower, never wrong."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        db = getattr(table.data, "_dbs", {}).get(partition)
+        if db is None:
+            return
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        for key in keys:
+            batch.delete(key)
+        try:
+            db.write(batch)
+        except Exception as exc:  # rocksdict raises a bare Exception
+            log.warning("undo records of %s-%d not deleted: %s", table.name, partition, exc)
 
 
 class TableKV:
@@ -179,6 +250,15 @@ class TableKV:
 
         db, partition = rocks
         batch = WriteBatch(raw_mode=True)
+        # what the changelog may not get if the worker dies before the flush: undone at the
+        # next start (worker.kafka.undo), in the same atomic batch as the writes
+        keys = self.changelog.uncovered(self.table, partition, [key for key, _ in records])
+        undo_key = undo.next_key() if keys else None
+        if undo_key is not None:
+            floor = self.changelog.persisted(self.table, partition)
+            written = dict(records)
+            after = [written[k] for k in keys]
+            batch.put(undo_key, undo.encode(floor, keys, db.get(keys), after))
         for key, value in records:
             if value is None:
                 batch.delete(key)
@@ -199,7 +279,7 @@ class TableKV:
             if on_fatal is not None:
                 on_fatal(self.changelog.error)
             raise self.changelog.error from exc
-        self.changelog.add(self.table, partition, records)
+        self.changelog.add(self.table, partition, records, undo_key, keys)
         return True
 
     def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
