@@ -75,7 +75,7 @@ def test_a_killed_worker_keeps_its_tables_less_what_the_changelog_may_lack(
     batch = WriteBatch(raw_mode=True)  # as TableKV._write does; then killed before the flush
     batch.put(
         undo.next_key(),
-        undo.encode(41, [b"k", b"new"], [b"in the changelog", None], [b"not sent"] * 2),
+        undo.encode(41, [b"k", b"new"], [b"in the changelog", None], [b"not sent"] * 2)[0],
     )
     batch.put(b"k", b"not sent")
     batch.put(b"new", b"not sent")
@@ -102,6 +102,34 @@ def test_a_worker_that_stopped_with_its_tables_in_doubt_loses_them(tmp_path: Pat
     release_state(str(tmp_path))
     assert not prepare_state(str(tmp_path), str(tables))
     assert not (tmp_path / "neardup-worker.discard").exists()  # once only
+
+
+def test_tables_of_a_build_without_undo_records_are_not_trusted_after_a_kill(
+    tmp_path: Path,
+) -> None:
+    tables = tmp_path / "v1" / "tables"
+    Rdict(str(tables / "state-0.db"), Options(raw_mode=True)).close()
+    (tmp_path / RUNNING_MARKER).write_text("1\n")  # killed, under an older build
+    assert prepare_state(str(tmp_path), str(tables))
+    assert not tables.exists()
+
+
+def test_after_a_clean_stop_undo_records_left_are_dropped_not_undone(tmp_path: Path) -> None:
+    tables = tmp_path / "v1" / "tables"
+    Rdict(str(tables / "state-0.db"), Options(raw_mode=True)).close()
+    assert not prepare_state(str(tmp_path), str(tables))
+    db = Rdict(str(tables / "state-0.db"), Options(raw_mode=True))
+    batch = WriteBatch(raw_mode=True)  # acknowledged, but its database closed first
+    batch.put(undo.next_key(), undo.encode(3, [b"k"], [None], [b"v"])[0])
+    batch.put(b"k", b"v")
+    db.write(batch)
+    db.close()
+    release_state(str(tmp_path))
+    assert not prepare_state(str(tmp_path), str(tables))
+    db = Rdict(str(tables / "state-0.db"), Options(raw_mode=True))
+    assert db.get(b"k") == b"v"
+    assert not [k for k in db.keys(from_key=undo.UNDO_PREFIX) if k.startswith(undo.UNDO_PREFIX)]
+    db.close()
 
 
 def test_the_sandbox_limits_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,16 +38,17 @@ def _write(
     db: Rdict, records: list[Record], persisted: int | None, covered: set[bytes]
 ) -> list[bytes]:
     """What ``TableKV._write`` does: the records and, in the same batch, an undo record of
-    the keys no earlier write of the same flush covers. The undo keys written."""
+    the keys no earlier write of the same flush covers whole. The undo keys written."""
     batch = WriteBatch(raw_mode=True)
     ks = [k for k in dict.fromkeys(k for k, _ in records) if k not in covered]
     written = []
     if ks:
         key = undo.next_key()
         after = dict(records)  # each key's last value in the write
-        batch.put(key, undo.encode(persisted, ks, db.get(ks), [after[k] for k in ks]))
+        record, whole = undo.encode(persisted, ks, db.get(ks), [after[k] for k in ks])
+        batch.put(key, record)
         written.append(key)
-        covered.update(ks)
+        covered.update(whole)
     for k, v in records:
         if v is None:
             batch.delete(k)
@@ -192,3 +193,17 @@ def test_an_append_then_a_rewrite_are_undone_in_turn(tmp_path: Path) -> None:
     assert db[b"bucket"] == b"entry1"
     assert db.get(undo.OFFSET_KEY) is None  # nothing known persisted: replay it all
     db.close()
+
+
+def test_an_append_then_a_change_in_one_flush_are_both_undone(tmp_path: Path) -> None:
+    # found by the property test in CI: an append is recorded by its length, so a later
+    # write of the same flush must record the value it changes, or undo cuts the wrong one
+    for last in (None, b"YZ", b"entry1"):
+        db = _open(tmp_path / f"db-{last!r}")
+        db[b"bucket"] = b"entry1"
+        covered: set[bytes] = set()
+        _write(db, [(b"bucket", b"entry1entry2")], None, covered)
+        _write(db, [(b"bucket", last)], None, covered)
+        assert undo.revert_db(db) == 2
+        assert db[b"bucket"] == b"entry1"
+        db.close()

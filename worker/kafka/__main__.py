@@ -12,6 +12,7 @@ tables are discarded and restored from the changelogs whole.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -28,8 +29,11 @@ from worker.settings import Settings
 log = logging.getLogger("worker.kafka")
 
 RUNNING_MARKER = "neardup-worker.running"
-#: Left by a worker that stopped with its local tables in doubt: the next start discards them.
+#: Left by a worker whose local tables came into doubt: the next start discards them.
 DISCARD_MARKER = "neardup-worker.discard"
+#: Says that the worker writing these tables writes undo records with them. A worker
+#: build from before them (killed, its tables hold writes no undo record covers) did not.
+UNDO_MARKER = "neardup-worker.undo-v1"
 
 
 def prepare_state(state_dir: str, tabledir: str) -> bool:
@@ -40,6 +44,8 @@ def prepare_state(state_dir: str, tabledir: str) -> bool:
     marker = Path(state_dir) / RUNNING_MARKER
     discard = Path(state_dir) / DISCARD_MARKER
     unclean = marker.exists()
+    # killed under a build without undo records: nothing says what its tables lack
+    doubt = discard.exists() or (unclean and not (Path(state_dir) / UNDO_MARKER).exists())
     if unclean and (owner := _live_owner(marker)) is not None:
         # never discard the tables of a worker that is running on them
         raise SystemExit(
@@ -47,7 +53,7 @@ def prepare_state(state_dir: str, tabledir: str) -> bool:
             f"worker (pid {owner}). Give each worker a state directory of its own "
             "(NEARDUP_STATE_DIR)."
         )
-    if discard.exists() and os.path.isdir(tabledir):
+    if doubt and os.path.isdir(tabledir):
         log.warning(
             "the previous worker on %s did not stop cleanly, and its local tables were in "
             "doubt: discarding them (%s); they are restored from the changelog topics",
@@ -56,9 +62,9 @@ def prepare_state(state_dir: str, tabledir: str) -> bool:
         )
         shutil.rmtree(tabledir)
     elif os.path.isdir(tabledir):
-        # after any stop: a clean one can leave undo records of a partition revoked
-        # before its changelog answered (worker.kafka.tablekv.Changelog._forget)
-        touched, undone = undo.revert(tabledir)
+        # after a clean stop every write had reached the changelog: undo records left (a
+        # partition's database closed before its acknowledgement came) are only dropped
+        touched, undone = undo.revert(tabledir, undo=unclean)
         if unclean:
             log.warning(
                 "the previous worker on %s did not stop cleanly: %d write batches in %d "
@@ -69,6 +75,7 @@ def prepare_state(state_dir: str, tabledir: str) -> bool:
                 touched,
             )
     discard.unlink(missing_ok=True)
+    (Path(state_dir) / UNDO_MARKER).write_text("tables written with undo records\n")
     marker.write_text(f"{os.getpid()}\n")
     return unclean
 
@@ -172,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                 armed.append(exit_later(error))
 
         tablekv.on_fatal = on_fatal
+        # at once, not at the end: a kill that follows must not leave the tables trusted
+        tablekv.on_doubt = functools.partial(doubt_state, settings.state_dir)
         create_topics(settings)
         try:
             prepare_state(settings.state_dir, str(worker.app.conf.tabledir))

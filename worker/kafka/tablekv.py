@@ -18,7 +18,6 @@ and ``Changelog`` keeps the persisted offset Faust recovers from. With the memor
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -38,6 +37,10 @@ _NO_COMPRESSION = 0
 #: Called with a fatal state error as it is raised. The worker process sets it (to exit
 #: even if the shutdown that follows hangs: ``worker.kafka.__main__``); nothing else does.
 on_fatal: Callable[[BaseException], object] | None = None
+#: Called once when the local tables come into doubt (``Changelog.failed``): the worker
+#: process marks its state directory then, so that a kill that follows cannot leave them
+#: trusted (``worker.kafka.__main__``).
+on_doubt: Callable[[], object] | None = None
 
 
 class StateWriteError(RuntimeError):
@@ -91,11 +94,25 @@ class Changelog:
         #: The last changelog offset known to be in the changelog, per table partition.
         self._persisted: dict[tuple[Any, int], int | None] = {}
         self._sent: list[asyncio.Future[Any]] = []
-        #: A batch of records never reached the broker, or a local write failed: the
-        #: local tables may differ from their changelogs.
-        self.failed = False
+        self._failed = False
+        #: One flush at a time: a partition's records reach the producer in the order
+        #: they were written locally, whichever agent flushes them.
+        self._flushing = asyncio.Lock()
         #: The local write that failed, if one did (what the worker stops on).
         self.error: StateWriteError | None = None
+
+    @property
+    def failed(self) -> bool:
+        """A batch of records never reached the broker, a local write failed, or the
+        tables were found inconsistent: the local tables may differ from their
+        changelogs in ways undo records do not cover."""
+        return self._failed
+
+    @failed.setter
+    def failed(self, value: bool) -> None:
+        if value and not self._failed and on_doubt is not None:
+            on_doubt()
+        self._failed = self._failed or value
 
     @property
     def clean(self) -> bool:
@@ -112,7 +129,7 @@ class Changelog:
         covers: Iterable[bytes] = (),
     ) -> None:
         """Records written locally, to send at the next flush; ``undo_key`` names the undo
-        record written with them, which holds the values of ``covers`` before."""
+        record written with them, which holds the values of ``covers`` before, whole."""
         self._pending.setdefault((table, partition), []).extend(records)
         if undo_key is not None:
             self._undo.setdefault((table, partition), []).append(undo_key)
@@ -141,23 +158,24 @@ class Changelog:
             BatchBuilder,
         )
 
-        pending, self._pending = self._pending, {}
-        undo_keys, self._undo = self._undo, {}
-        self._covered = {}
         try:
-            for (table, partition), records in pending.items():
-                producer = self.app.producer._producer  # Faust's aiokafka producer
-                topic = table.changelog_topic.get_topic_name()
-                batch = BatchBuilder(_BATCH_BYTES, _NO_COMPRESSION)
-                for key, value in records:
-                    if batch.append(timestamp=None, key=key, value=value) is None:
-                        await self._send(producer, batch, table, topic, partition)
-                        batch = BatchBuilder(_BATCH_BYTES, _NO_COMPRESSION)
-                        batch.append(timestamp=None, key=key, value=value)
-                last = await self._send(producer, batch, table, topic, partition)
-                done = undo_keys.get((table, partition))
-                if done:  # the partition's batches are acknowledged in order: the last, all
-                    last.add_done_callback(functools.partial(self._forget, table, partition, done))
+            async with self._flushing:
+                pending, self._pending = self._pending, {}
+                undo_keys, self._undo = self._undo, {}
+                self._covered = {}
+                for (table, partition), records in pending.items():
+                    producer = self.app.producer._producer  # Faust's aiokafka producer
+                    topic = table.changelog_topic.get_topic_name()
+                    sent = []
+                    batch = BatchBuilder(_BATCH_BYTES, _NO_COMPRESSION)
+                    for key, value in records:
+                        if batch.append(timestamp=None, key=key, value=value) is None:
+                            sent.append(await self._send(producer, batch, table, topic, partition))
+                            batch = BatchBuilder(_BATCH_BYTES, _NO_COMPRESSION)
+                            batch.append(timestamp=None, key=key, value=value)
+                    sent.append(await self._send(producer, batch, table, topic, partition))
+                    if done := undo_keys.get((table, partition)):
+                        self._forget_when_sent(table, partition, done, sent)
         except BaseException:  # cancelled at shutdown, or the producer is gone
             self.failed = True
             raise
@@ -192,14 +210,27 @@ class Changelog:
         self._sent.append(future)
         return future
 
-    @staticmethod
-    def _forget(table: Any, partition: int, keys: list[bytes], fut: asyncio.Future[Any]) -> None:
-        """Delete the undo records of writes the changelog now has (after ``persisted``).
-        If the partition's database is closed (revoked meanwhile) or the delete fails, they
-        stay: the next start undoes those writes and reads them from the changelog again,
-        which is slower, never wrong."""
-        if fut.cancelled() or fut.exception() is not None:
-            return
+    def _forget_when_sent(
+        self, table: Any, partition: int, keys: list[bytes], sent: list[asyncio.Future[Any]]
+    ) -> None:
+        """Once every batch of a flush for one partition has reached the changelog, delete
+        the undo records of its writes (after ``persisted``). If a batch failed, they stay,
+        and the tables are in doubt (``failed``) anyway."""
+        left = [len(sent)]
+
+        def one_done(fut: asyncio.Future[Any]) -> None:
+            left[0] -= 1
+            if not left[0] and not any(f.cancelled() or f.exception() for f in sent):
+                self._forget(table, partition, keys)
+
+        for fut in sent:
+            fut.add_done_callback(one_done)
+
+    def _forget(self, table: Any, partition: int, keys: list[bytes]) -> None:
+        """Delete the undo records of writes the changelog now has. If the partition's
+        database is closed (the worker shutting down) they stay: the next start, after a
+        clean stop, drops them, and after an unclean one undoes those writes and reads
+        them from the changelog again, which is slower, never wrong."""
         db = getattr(table.data, "_dbs", {}).get(partition)
         if db is None:
             return
@@ -211,7 +242,10 @@ class Changelog:
         try:
             db.write(batch)
         except Exception as exc:  # rocksdict raises a bare Exception
-            log.warning("undo records of %s-%d not deleted: %s", table.name, partition, exc)
+            # left, they would undo acknowledged writes at the next start, perhaps after
+            # the changelog has dropped the tombstones that replay needs
+            log.error("undo records of %s-%d not deleted: %s", table.name, partition, exc)
+            self.failed = True
 
 
 class TableKV:
@@ -257,8 +291,8 @@ class TableKV:
         if undo_key is not None:
             floor = self.changelog.persisted(self.table, partition)
             written = dict(records)
-            after = [written[k] for k in keys]
-            batch.put(undo_key, undo.encode(floor, keys, db.get(keys), after))
+            record, keys = undo.encode(floor, keys, db.get(keys), [written[k] for k in keys])
+            batch.put(undo_key, record)
         for key, value in records:
             if value is None:
                 batch.delete(key)

@@ -63,20 +63,26 @@ def encode(
     keys: Sequence[bytes],
     before: Sequence[bytes | None],
     after: Sequence[bytes | None],
-) -> bytes:
-    """An undo record: ``keys`` had the values ``before`` and are written ``after``."""
+) -> tuple[bytes, list[bytes]]:
+    """An undo record: ``keys`` had the values ``before`` and are written ``after``; and
+    the keys it records whole (absent, or their value before), which no later write needs
+    to record again until the flush. A key recorded by its length only is undone by
+    cutting the value it has then, so every later write to it needs its own entry."""
     out = [_HEAD.pack(-1 if persisted is None else persisted)]
+    whole = []
     for key, old, new in zip(keys, before, after, strict=True):
         out.append(_KEY.pack(len(key)))
         out.append(key)
+        if old is not None and new is not None and new.startswith(old):
+            out.append(_VALUE.pack(-2 - len(old)))  # only its length: a few bytes, not KiBs
+            continue
+        whole.append(key)
         if old is None:
             out.append(_VALUE.pack(_ABSENT))
-        elif new is not None and new.startswith(old):
-            out.append(_VALUE.pack(-2 - len(old)))  # only its length: a few bytes, not KiBs
         else:
             out.append(_VALUE.pack(len(old)))
             out.append(old)
-    return b"".join(out)
+    return b"".join(out), whole
 
 
 def decode(raw: bytes) -> tuple[int | None, list[tuple[bytes, bytes | int | None]]]:
@@ -142,9 +148,26 @@ def revert_db(db: Any) -> int:
     return len(records)
 
 
-def revert(tabledir: str) -> tuple[int, int]:
-    """``revert_db`` over every partition database under ``tabledir`` (before Faust opens
-    them): the databases touched and the records undone."""
+def drop_db(db: Any) -> int:
+    """Delete the undo records of one partition's database without undoing anything (after
+    a clean stop every record written had reached the changelog); how many."""
+    from rocksdict import WriteBatch
+
+    batch, n = WriteBatch(raw_mode=True), 0
+    for key in db.keys(from_key=UNDO_PREFIX):
+        if not key.startswith(UNDO_PREFIX):
+            break
+        batch.delete(key)
+        n += 1
+    if n:
+        db.write(batch)
+    return n
+
+
+def revert(tabledir: str, *, undo: bool = True) -> tuple[int, int]:
+    """``revert_db`` (or, with ``undo`` false, ``drop_db``) over every partition database
+    under ``tabledir``, before Faust opens them: the databases touched and the records
+    undone (or dropped)."""
     from rocksdict import Options, Rdict
 
     touched = undone = 0
@@ -154,12 +177,13 @@ def revert(tabledir: str) -> tuple[int, int]:
     for path in sorted(p for p in root.iterdir() if p.is_dir() and p.name.endswith(".db")):
         db = Rdict(str(path), Options(raw_mode=True))
         try:
-            n = revert_db(db)
+            n = revert_db(db) if undo else drop_db(db)
         finally:
             db.close()
         if n:
             touched += 1
             undone += n
-            log.info("undid %d local write batches of %s not known to be in its changelog",
-                     n, path.name)  # fmt: skip
+            if undo:
+                log.info("undid %d local write batches of %s not known to be in its "
+                         "changelog", n, path.name)  # fmt: skip
     return touched, undone
