@@ -207,8 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             # them: an agent stopped halfway through a batch leaves the marker behind.
             if worker.changelog.clean:
                 release_state(settings.state_dir)
-            elif worker.changelog.failed:  # a failed write or send, an inconsistency
-                doubt_state(settings.state_dir)
+            elif worker.changelog.failed:  # marked already (tablekv.on_doubt, above)
                 log.warning(
                     "stopped with the local tables in doubt: they will be restored from "
                     "the changelog at the next start"

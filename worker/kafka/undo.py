@@ -108,16 +108,23 @@ def decode(raw: bytes) -> tuple[int | None, list[tuple[bytes, bytes | int | None
     return (None if persisted < 0 else persisted), items
 
 
-def revert_db(db: Any) -> int:
-    """Undo the writes of the undo records in one partition's database (a rocksdict
-    ``Rdict`` in raw mode) and set its persisted offset back; the records undone."""
-    from rocksdict import WriteBatch
-
-    records: list[tuple[bytes, bytes]] = []
+def _records(db: Any) -> list[tuple[bytes, bytes]]:
+    """The undo records of one partition's database (a rocksdict ``Rdict`` in raw mode),
+    oldest first."""
+    records = []
     for key, value in db.items(from_key=UNDO_PREFIX):
         if not key.startswith(UNDO_PREFIX):
             break
         records.append((key, value))
+    return records
+
+
+def revert_db(db: Any) -> int:
+    """Undo the writes of the undo records in one partition's database and set its
+    persisted offset back; the records undone."""
+    from rocksdict import WriteBatch
+
+    records = _records(db)
     if not records:
         return 0
     # newest first: each key goes back a write at a time, to its value before the oldest
@@ -153,15 +160,13 @@ def drop_db(db: Any) -> int:
     a clean stop every record written had reached the changelog); how many."""
     from rocksdict import WriteBatch
 
-    batch, n = WriteBatch(raw_mode=True), 0
-    for key in db.keys(from_key=UNDO_PREFIX):
-        if not key.startswith(UNDO_PREFIX):
-            break
-        batch.delete(key)
-        n += 1
-    if n:
+    records = _records(db)
+    if records:
+        batch = WriteBatch(raw_mode=True)
+        for key, _ in records:
+            batch.delete(key)
         db.write(batch)
-    return n
+    return len(records)
 
 
 def revert(tabledir: str, *, undo: bool = True) -> tuple[int, int]:
