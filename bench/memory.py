@@ -3,16 +3,18 @@ new ids (as ``bench/worker.py``'s recovery does), produced a chunk at a time as 
 worker keeps up, against a real broker.
 
     KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19092 .venv/bin/python bench/memory.py \
-        [--pages 100000] [--every 10000] [--checkout DIR] [--env NAME=VALUE ...]
+        [--pages 100000] [--every 10000] [--backlog N] [--checkout DIR] [--env NAME=VALUE ...]
 
 Every ``--every`` pages decided it prints the worker process's own resident memory
 (VmRSS), the peak of its process tree's (the worker and its sandbox children, sampled
 every second; pages they share count more than once), and the tables' RocksDB memory
 from ``/metrics`` (``neardup_rocksdb_memory_bytes``, where the build has it). At the end:
 the CPU of the process tree a page (children that ended are not counted) and the pages
-per second. ``--checkout`` runs the worker of another checkout (a ``git worktree`` of an
-earlier commit, say) for a comparison; run the two one after the other, more than once,
-on a quiet machine. Asserts nothing.
+per second. ``--backlog N`` produces the first N pages before the worker starts, as a
+crawler does that wrote on while the workers were down: what the worker holds in memory
+while it reads a backlog. ``--checkout`` runs the worker of another checkout (a ``git
+worktree`` of an earlier commit, say) for a comparison; run the two one after the other,
+more than once, on a quiet machine. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def main() -> None:
     ap.add_argument("--pages", type=int, default=100_000)
     ap.add_argument("--every", type=int, default=10_000)
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--backlog", type=int, default=0, help="pages produced before the start")
     ap.add_argument("--checkout", type=Path, default=None, help="run this checkout's worker")
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     args = ap.parse_args()
@@ -90,6 +93,9 @@ def main() -> None:
         text=True,
         check=False,
     ).stdout.strip()
+    produced = min(args.backlog, args.pages)
+    for start in range(0, produced, 2000):
+        produce(args.bootstrap, run.names.raw, copies(lines, start, min(start + 2000, produced)))
     worker.start()
     assert worker.proc is not None
     pid = worker.proc.pid
@@ -101,12 +107,14 @@ def main() -> None:
             peak[0] = max(peak[0], sum(rss(p) for p in tree_pids(pid)))
 
     threading.Thread(target=sample, daemon=True).start()
-    print(f"worker of {commit}, {args.partitions} partitions, {args.pages} pages, env {args.env}")
+    print(
+        f"worker of {commit}, {args.partitions} partitions, {args.pages} pages "
+        f"({produced} waiting at the start), env {args.env}"
+    )
     print("pages decided | seconds | worker RSS MiB | tree peak MiB | RocksDB MiB")
     t0 = time.time()
     chunk, shown = 2000, 0
     try:
-        produced = 0
         while shown < args.pages:
             if produced < args.pages and run.outputs() >= produced - chunk:
                 stop = min(produced + chunk, args.pages)
