@@ -19,7 +19,8 @@ and measures, in one run:
 * slow downstream: the whole dev set (or ``--load-pages`` of its copies, enough to keep the
   worker busy for the whole run) waiting in the raw topic while the broker throttles every
   producer to ``--quota-kib`` KiB/s (a client quota, ``producer_byte_rate``), for
-  ``--load-minutes``: the worker process tree's resident memory, sampled every second.
+  ``--load-minutes``: the resident memory of the worker process tree and of the worker's
+  own process, sampled every second.
 
 Each scenario also checks its decisions and clusters against ``neardup dedup`` on the same
 pages and prints whether they agree.
@@ -44,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA, raw_lines
+from bench.memory import rss
 from bench.worker import copies
 from tests.integration.helpers import (
     Deployment,
@@ -233,7 +235,8 @@ def slow_downstream(
 ) -> None:
     d = Deployment(broker.bootstrap, tmp / "slow", 2)
     quota = ["--entity-type", "clients", "--entity-default"]
-    samples: list[tuple[float, int]] = []
+    # (seconds, tree RSS, the worker process's own RSS, pages out)
+    samples: list[tuple[float, int, int, int]] = []
     try:
         d.produce(values)  # the backlog, before the quota (it throttles every client)
         broker.config("--alter", *quota, "--add-config", f"producer_byte_rate={quota_kib << 10}")
@@ -241,8 +244,10 @@ def slow_downstream(
         assert w.proc is not None
         t0 = time.monotonic()
         end = t0 + minutes * 60
-        while time.monotonic() < end and len(d.decided()) + len(d.rejects()) < len(values):
-            samples.append((time.monotonic() - t0, tree_rss(w.proc.pid)))
+        out = 0
+        while time.monotonic() < end and out < len(values):
+            out = len(d.decided()) + len(d.rejects())
+            samples.append((time.monotonic() - t0, tree_rss(w.proc.pid), rss(w.proc.pid), out))
             assert w.alive(), w.tail()
             time.sleep(1.0)
         out = len(d.decided()) + len(d.rejects())
@@ -251,9 +256,9 @@ def slow_downstream(
     finally:
         broker.config("--alter", *quota, "--delete-config", "producer_byte_rate")
         d.close()
-    mib = [r / 2**20 for _, r in samples]
-    minute = [r for t, r in zip([t for t, _ in samples], mib, strict=True) if t <= 60]
-    later = [r for t, r in zip([t for t, _ in samples], mib, strict=True) if t > 60]
+    mib = [r / 2**20 for _, r, _, _ in samples]
+    minute = [r for (t, *_), r in zip(samples, mib, strict=True) if t <= 60]
+    later = [r for (t, *_), r in zip(samples, mib, strict=True) if t > 60]
     print(
         f"slow downstream ({quota_kib} KiB/s for every producer, {elapsed / 60:.1f} min): "
         f"{len(values)} pages waiting, {out} out ({out / elapsed:.2f} pages/s)"
@@ -263,10 +268,18 @@ def slow_downstream(
         f"{max(minute):.0f} MiB, after it {max(later) if later else float('nan'):.0f} MiB; "
         f"last {mib[-1]:.0f} MiB"
     )
-    windows: dict[int, float] = {}
-    for (t, _), r in zip(samples, mib, strict=True):
-        windows[int(t // 600)] = max(windows.get(int(t // 600), 0.0), r)
-    print("  peak RSS by 10 minutes (MiB): " + ", ".join(f"{r:.0f}" for r in windows.values()))
+    # six windows (of 10 minutes in an hour's run): the peaks of the tree and of the
+    # worker's own process (the rest is its sandbox children), and the pages out by then
+    span = max(minutes * 10, 1.0)
+    windows: dict[int, tuple[float, float, int]] = {}
+    for (t, _, own, n), r in zip(samples, mib, strict=True):
+        tree0, own0, _ = windows.get(int(t // span), (0.0, 0.0, 0))
+        windows[int(t // span)] = (max(tree0, r), max(own0, own / 2**20), n)
+    print(
+        f"  by {span / 60:g} minutes, peak RSS of the tree / of the worker's own process "
+        "(MiB), pages out: "
+        + "; ".join(f"{tree:.0f} / {own:.0f}, {n}" for tree, own, n in windows.values())
+    )
     counters = {
         name: re.search(rf"^{name} (\S+)$", metrics, re.M)
         for name in ("neardup_partition_rereads_total", "neardup_absent_offset_runs_total",
