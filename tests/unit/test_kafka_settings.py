@@ -96,7 +96,7 @@ def test_a_worker_that_stopped_with_its_tables_in_doubt_loses_them(tmp_path: Pat
     tables = tmp_path / "v1" / "tables"
     Rdict(str(tables / "state-0.db"), Options(raw_mode=True)).close()
     assert not prepare_state(str(tmp_path), str(tables))
-    doubt_state(str(tmp_path))  # a failed write or send, an inconsistency found
+    doubt_state(str(tmp_path))  # a failed local write, an inconsistency found
     assert prepare_state(str(tmp_path), str(tables))
     assert not tables.exists()
     release_state(str(tmp_path))

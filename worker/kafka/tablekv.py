@@ -95,6 +95,9 @@ class Changelog:
         self._persisted: dict[tuple[Any, int], int | None] = {}
         self._sent: list[asyncio.Future[Any]] = []
         self._failed = False
+        #: Records that never reached the changelog (a send failed or was cancelled):
+        #: their undo records stay, and the next start undoes them (see ``clean``).
+        self.unsent = False
         #: One flush at a time: a partition's records reach the producer in the order
         #: they were written locally, whichever agent flushes them.
         self._flushing = asyncio.Lock()
@@ -103,9 +106,10 @@ class Changelog:
 
     @property
     def failed(self) -> bool:
-        """A batch of records never reached the broker, a local write failed, or the
-        tables were found inconsistent: the local tables may differ from their
-        changelogs in ways undo records do not cover."""
+        """A local write failed, undo records of acknowledged writes could not be
+        deleted, or the tables were found inconsistent: the local tables may differ from
+        their changelogs in ways undo records do not cover. (Records that did not reach
+        the broker are not that: ``unsent``.)"""
         return self._failed
 
     @failed.setter
@@ -117,8 +121,14 @@ class Changelog:
     @property
     def clean(self) -> bool:
         """Whether every record written to a local table has reached the broker (if not,
-        the local tables are ahead of their changelogs)."""
-        return not self.failed and not self._pending and all(f.done() for f in self._sent)
+        the local tables are ahead of their changelogs, and a stop must not say it was
+        clean: the next start then undoes the writes their undo records cover)."""
+        return (
+            not self.failed
+            and not self.unsent
+            and not self._pending
+            and all(f.done() for f in self._sent)
+        )
 
     def add(
         self,
@@ -177,7 +187,10 @@ class Changelog:
                     if done := undo_keys.get((table, partition)):
                         self._forget_when_sent(table, partition, done, sent)
         except BaseException:  # cancelled at shutdown, or the producer is gone
-            self.failed = True
+            # the records taken from _pending may not reach the changelog; their undo
+            # records stay (only a partition whose batches were all handed over and then
+            # acknowledged has them deleted), so the next start undoes them
+            self.unsent = True
             raise
         if wait:
             sent, self._sent = self._sent, []
@@ -186,7 +199,7 @@ class Changelog:
             self._sent = [f for f in self._sent if not f.done()]
         if self.error is not None:
             raise self.error
-        if self.failed:
+        if self.failed or self.unsent:
             raise RuntimeError("changelog records did not reach the broker")
 
     async def _send(
@@ -199,7 +212,7 @@ class Changelog:
 
         def persisted(fut: asyncio.Future[Any]) -> None:
             if fut.cancelled() or fut.exception() is not None:
-                self.failed = True
+                self.unsent = True  # the flush's undo records stay (_forget_when_sent)
                 return
             # Faust recovers a partition from the offset after this one
             offset = fut.result().offset + count - 1
@@ -214,8 +227,9 @@ class Changelog:
         self, table: Any, partition: int, keys: list[bytes], sent: list[asyncio.Future[Any]]
     ) -> None:
         """Once every batch of a flush for one partition has reached the changelog, delete
-        the undo records of its writes (after ``persisted``). If a batch failed, they stay,
-        and the tables are in doubt (``failed``) anyway."""
+        the undo records of its writes (after ``persisted``). If a batch failed, they stay
+        (``unsent``): the next start undoes those writes, and reads again from the
+        changelog whatever of them did reach it."""
         left = [len(sent)]
 
         def one_done(fut: asyncio.Future[Any]) -> None:
