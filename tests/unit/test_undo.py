@@ -263,53 +263,146 @@ class _Producer:
         return self.futures[-1]
 
 
-def _changelog(db: Rdict, producer: _Producer) -> tuple[Changelog, _Table, bytes]:
-    """A Changelog over one table partition, with one local write (and its undo record)
-    waiting for the next flush."""
+BIG = b"v" * (700 << 10)  # two such records do not fit one changelog batch (1 MiB)
+
+
+def _changelog(
+    db: Rdict, producer: _Producer, value: bytes = b"new"
+) -> tuple[Changelog, _Table, list[bytes]]:
+    """A Changelog over one table partition, with two local writes (and their undo
+    records) waiting for the next flush."""
     app = SimpleNamespace(producer=SimpleNamespace(_producer=producer))
     table = _Table(db)
     changelog = Changelog(app)
-    undo_key = _write(db, [(b"k", b"new")], None, set())[0]
-    changelog.add(table, 0, [(b"k", b"new")], undo_key, [b"k"])
-    return changelog, table, undo_key
+    undo_keys = []
+    for key in (b"k", b"j"):
+        covered: set[bytes] = set()
+        undo_keys += _write(db, [(key, value)], None, covered)
+        changelog.add(table, 0, [(key, value)], undo_keys[-1], covered)
+    return changelog, table, undo_keys
 
 
-@pytest.mark.parametrize("how", ["acknowledged", "failed", "cancelled", "not handed over"])
+async def _until_sent(producer: _Producer, task: asyncio.Future[Any], n: int = 1) -> None:
+    while len(producer.futures) < n and not task.done():
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize(
+    "how", ["acknowledged", "failed", "second of two acknowledged", "not handed over"]
+)
 def test_a_flush_that_does_not_reach_the_broker_leaves_its_writes_to_undo(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    """A send that fails or is cancelled (a shutdown in the middle of a flush, say) leaves
-    the flush's undo records and a stop that is not clean, so the next start undoes those
-    writes; it does not put the tables in doubt, which would discard them whole."""
+    """A send that fails or is not handed over (a shutdown in the middle of a flush, say)
+    leaves the flush's undo records and a stop that is not clean, so the next start undoes
+    those writes; it does not put the tables in doubt, which would discard them whole.
+    Nothing is sent after it, and no offset may be committed (``settled``)."""
     doubted: list[bool] = []
+    fatal: list[BaseException] = []
     monkeypatch.setattr(tablekv, "on_doubt", lambda: doubted.append(True))
+    monkeypatch.setattr(tablekv, "on_fatal", fatal.append)
     db = _open(tmp_path / "db")
-    db[b"k"] = b"old"
+    db[b"k"], db[b"j"] = b"old", b"old"
     producer = _Producer(asyncio.CancelledError() if how == "not handed over" else None)
-    changelog, table, undo_key = _changelog(db, producer)
+    two = how == "second of two acknowledged"
+    changelog, table, undo_keys = _changelog(db, producer, BIG if two else b"new")
 
-    async def flush() -> None:
+    async def flush() -> tuple[BaseException | None, bool, BaseException | None]:
+        """What the flush raised, whether the changelog then says offsets may be
+        committed, and what a flush of a record written after raised."""
         task = asyncio.ensure_future(changelog.flush())
-        while not producer.futures and not task.done():
-            await asyncio.sleep(0)
+        await _until_sent(producer, task, 2 if two else 1)
         if how == "acknowledged":
             producer.futures[0].set_result(SimpleNamespace(offset=41))
         elif how == "failed":
             producer.futures[0].set_exception(RuntimeError("KafkaTimeoutError"))
-        elif how == "cancelled":
-            producer.futures[0].cancel()
-        await task
+        elif two:
+            assert len(producer.futures) == 2  # one batch each
+            producer.futures[0].set_exception(RuntimeError("MessageSizeTooLarge"))
+            producer.futures[1].set_result(SimpleNamespace(offset=41))
+        raised = (await asyncio.gather(task, return_exceptions=True))[0]
+        settled = await changelog.settled()
+        changelog.add(table, 0, [(b"k", b"newer")])
+        later = (await asyncio.gather(changelog.flush(wait=False), return_exceptions=True))[0]
+        return raised, settled, later
 
     if how == "acknowledged":
-        asyncio.run(flush())
-        assert changelog.clean and not changelog.unsent
-        assert db.get(undo_key) is None  # the changelog has the write: nothing to undo
-        assert table.data.offsets == {TP("t-changelog", 0): 41}
+        producer.fail_handing_over = None
+        raised, settled, _ = asyncio.run(flush())
+        assert raised is None and settled
+        assert not changelog.unsent and not fatal
+        assert [db.get(k) for k in undo_keys] == [None, None]  # nothing left to undo
+        assert table.data.offsets == {TP("t-changelog", 0): 42}  # base 41, two records
     else:
-        with pytest.raises((RuntimeError, asyncio.CancelledError)):
-            asyncio.run(flush())
-        assert changelog.unsent and not changelog.clean
-        assert db.get(undo_key) is not None
-        assert undo.revert_db(db) == 1 and db[b"k"] == b"old"
+        sent_before = len(producer.futures)
+        raised, settled, later = asyncio.run(flush())
+        assert isinstance(raised, (RuntimeError, asyncio.CancelledError))
+        assert not settled  # no offset is committed from now on
+        assert changelog.unsent and not changelog.clean and len(fatal) == 1
+        assert None not in [db.get(k) for k in undo_keys]
+        # and nothing more goes out, even records written since
+        assert isinstance(later, RuntimeError)
+        assert len(producer.futures) == (2 if two else 1 if how == "failed" else sent_before)
+        assert undo.revert_db(db) == 2 and db[b"k"] == db[b"j"] == b"old"
     assert not changelog.failed and not doubted
     db.close()
+
+
+def test_a_flush_cancelled_while_it_waits_is_not_a_clean_stop_until_the_broker_answers(
+    tmp_path: Path,
+) -> None:
+    """A shutdown cancels an agent that waits for the broker's answer: the records are
+    handed over, and the stop is clean only if they arrive."""
+    db = _open(tmp_path / "db")
+    producer = _Producer()
+    changelog, _, undo_keys = _changelog(db, producer)
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(changelog.flush())
+        await _until_sent(producer, task)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not changelog.clean and not changelog.unsent  # on its way
+        producer.futures[0].set_result(SimpleNamespace(offset=7))
+        assert await changelog.settled()
+
+    asyncio.run(cancelled())
+    assert changelog.clean and [db.get(k) for k in undo_keys] == [None, None]
+    db.close()
+
+
+def test_no_offset_is_committed_while_changelog_records_may_be_lost() -> None:
+    """``faustfix.guard_commits``: the consumer's commit waits for the changelog records
+    handed over before it, and refuses if some did not reach the broker."""
+    from faust.transport.consumer import ThreadDelegateConsumer
+
+    from worker.kafka import faustfix
+
+    faustfix.guard_commits()
+    committed: list[dict[str, int]] = []
+
+    async def commit(offsets: dict[str, int]) -> bool:
+        committed.append(dict(offsets))
+        return True
+
+    changelog = Changelog(SimpleNamespace())
+    consumer = SimpleNamespace(
+        app=SimpleNamespace(neardup_changelog=changelog), _thread=SimpleNamespace(commit=commit)
+    )
+
+    async def run() -> list[bool]:
+        out = [await ThreadDelegateConsumer._commit(consumer, {"raw-0": 5})]  # type: ignore[arg-type]
+        pending: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        changelog._sent.append(pending)
+        later = asyncio.ensure_future(ThreadDelegateConsumer._commit(consumer, {"raw-0": 6}))  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        assert not later.done() and len(committed) == 1  # waits for the records on their way
+        pending.set_result(None)
+        out.append(await later)
+        changelog.unsent = True
+        out.append(await ThreadDelegateConsumer._commit(consumer, {"raw-0": 7}))  # type: ignore[arg-type]
+        return out
+
+    assert asyncio.run(run()) == [True, True, False]
+    assert committed == [{"raw-0": 5}, {"raw-0": 6}]

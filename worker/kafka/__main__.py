@@ -4,9 +4,10 @@ Before Faust starts, the worker's topics are created if missing, and the local t
 is checked. A worker killed without shutting down (SIGKILL, OOM) may have written to its
 RocksDB what never reached the changelog: those writes are undone from their undo records
 (``worker.kafka.undo``) and Faust's recovery reads them again from the changelog, which
-is the state every other worker would see. A worker that stopped because its local
-tables were in doubt (a failed write, an inconsistency found) leaves a mark, and its
-tables are discarded and restored from the changelogs whole.
+is the state every other worker would see; so are those of a flush whose records did
+not all reach the broker. A worker that stopped because its local tables were in doubt
+(a failed local write, an inconsistency found) leaves a mark, and its tables are
+discarded and restored from the changelogs whole.
 """
 
 from __future__ import annotations

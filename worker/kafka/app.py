@@ -166,8 +166,9 @@ class StateGate:
     async def close(self) -> None:
         """No new step starts; returns when the steps under way have finished. A step
         that does not finish within ``timeout`` is an error: the worker stops (Faust
-        crashes it on an error at a revoke) and, restarted, restores its tables from the
-        changelogs; what was only written locally had not been published."""
+        crashes it on an error at a revoke) and, restarted, undoes its local writes that
+        the changelogs may lack and catches up from them; what was only written locally
+        had not been published."""
         self._open.clear()
         try:
             await asyncio.wait_for(self._idle.wait(), self.timeout)
@@ -245,6 +246,7 @@ class Worker:
         self.merges = app.topic(self.names.merges, schema=_raw_schema())
         self.rejects = app.topic(self.names.rejects, schema=_raw_schema())
         self.changelog = Changelog(app)
+        app.neardup_changelog = self.changelog  # type: ignore[attr-defined]  # guard_commits
         self.state_table = self._table(STATE_TABLE, 1)
         kv = TableKV(self.state_table, self.changelog)
         wait = settings.order_wait_ms / 1000 if settings.order_wait_ms else math.inf

@@ -20,6 +20,12 @@ move its read offset past it, so that the copy fetched again is dropped as read 
 and no agent holding it), and the worker reads it again from there (``Worker.unstick``).
 (A first attempt made the seeks authoritative inside Faust's fetch loop; it raced with
 the consumer thread and stalled partitions, and was taken out.)
+
+* ``guard_commits``: Faust commits the offsets of acknowledged messages after flushing its
+  producer, whether the batches then reached the broker or failed. The worker acknowledges
+  a step's messages once their table records are handed over to the changelog's producer;
+  no offset is committed now until those records are in the changelog, and none at all
+  once some did not get there (``worker.kafka.tablekv.Changelog.settled``).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ def install() -> None:
     strict_commits()
     no_skipped_acks()
     committing_seen()
+    guard_commits()
 
 
 def _once(cls: Any, name: str, fn: Any) -> None:
@@ -49,6 +56,28 @@ def _once(cls: Any, name: str, fn: Any) -> None:
         return
     fn.neardup_fix = True
     setattr(cls, name, fn)
+
+
+def guard_commits() -> None:
+    """Commit no offset while changelog records handed over may still fail, nor after
+    some did (a wrap of the delegate consumer's ``_commit``, under every commit Faust
+    makes: the periodic one, at a rebalance and at shutdown)."""
+    from faust.transport.consumer import ThreadDelegateConsumer
+
+    commit = ThreadDelegateConsumer._commit
+
+    async def _commit(self: Any, offsets: Any) -> bool:
+        changelog = getattr(self.app, "neardup_changelog", None)  # set by the worker
+        if changelog is not None and not await changelog.settled():
+            log.error(
+                "not committing offsets %s: changelog records of the steps before them did "
+                "not reach the broker; those messages are read again at the next start",
+                dict(offsets),
+            )
+            return False
+        return bool(await commit(self, offsets))
+
+    _once(ThreadDelegateConsumer, "_commit", _commit)
 
 
 def tune_fetch() -> None:

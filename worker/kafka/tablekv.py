@@ -168,11 +168,15 @@ class Changelog:
             BatchBuilder,
         )
 
-        try:
-            async with self._flushing:
-                pending, self._pending = self._pending, {}
-                undo_keys, self._undo = self._undo, {}
-                self._covered = {}
+        async with self._flushing:
+            if self.failed or self.unsent:
+                # nothing more goes out: records sent after lost ones would put a later
+                # state in the changelog without the earlier one it grew from
+                raise self.error or RuntimeError("changelog records did not reach the broker")
+            pending, self._pending = self._pending, {}
+            undo_keys, self._undo = self._undo, {}
+            self._covered = {}
+            try:
                 for (table, partition), records in pending.items():
                     producer = self.app.producer._producer  # Faust's aiokafka producer
                     topic = table.changelog_topic.get_topic_name()
@@ -186,21 +190,48 @@ class Changelog:
                     sent.append(await self._send(producer, batch, table, topic, partition))
                     if done := undo_keys.get((table, partition)):
                         self._forget_when_sent(table, partition, done, sent)
-        except BaseException:  # cancelled at shutdown, or the producer is gone
-            # the records taken from _pending may not reach the changelog; their undo
-            # records stay (only a partition whose batches were all handed over and then
-            # acknowledged has them deleted), so the next start undoes them
-            self.unsent = True
-            raise
+            except BaseException:  # cancelled at shutdown, or the producer is gone
+                # the records taken from _pending may not reach the changelog; their undo
+                # records stay (only a partition whose batches were all handed over and
+                # then acknowledged has them deleted), so the next start undoes them
+                self._lost()
+                raise
         if wait:
-            sent, self._sent = self._sent, []
-            await asyncio.gather(*sent)  # a failed batch raises: the agent stops the worker
-        else:
-            self._sent = [f for f in self._sent if not f.done()]
+            # a failed batch raises: the agent stops the worker; the futures stay in
+            # _sent until they are done, for ``clean`` (a shutdown may drop this task)
+            # (shielded: a flush cancelled while it waits must not cancel the deliveries)
+            await asyncio.gather(*map(asyncio.shield, self._sent))
+        self._sent = [f for f in self._sent if not f.done()]
         if self.error is not None:
             raise self.error
         if self.failed or self.unsent:
             raise RuntimeError("changelog records did not reach the broker")
+
+    async def settled(self) -> bool:
+        """Whether every record handed to the producer so far has reached the broker, once
+        those still on their way have got there or failed. The app's consumer commits
+        offsets only then (``worker.kafka.faustfix.guard_commits``): a step's messages are
+        acknowledged after its records are handed over, not after they arrive, and no
+        message may be committed past while its state may be missing from the changelog."""
+        if waiting := [f for f in self._sent if not f.done()]:
+            await asyncio.gather(*map(asyncio.shield, waiting), return_exceptions=True)
+        return not self.failed and not self.unsent
+
+    def _lost(self) -> None:
+        """Records handed over may never reach the changelog: from now on nothing more is
+        sent, no offset is committed (``settled``), and the worker exits soon whatever its
+        shutdown does (``on_fatal``). The next start undoes the writes whose undo records
+        are left, as after a kill."""
+        if self.unsent:
+            return
+        self.unsent = True
+        log.error(
+            "changelog records did not reach the broker: the worker stops; at the next "
+            "start it undoes its writes that the changelog may lack and reads again the "
+            "messages not committed"
+        )
+        if on_fatal is not None:
+            on_fatal(RuntimeError("fatal: changelog records did not reach the broker"))
 
     async def _send(
         self, producer: Any, batch: Any, table: Any, topic: str, p: int
@@ -212,7 +243,7 @@ class Changelog:
 
         def persisted(fut: asyncio.Future[Any]) -> None:
             if fut.cancelled() or fut.exception() is not None:
-                self.unsent = True  # the flush's undo records stay (_forget_when_sent)
+                self._lost()  # the flush's undo records stay (_forget_when_sent)
                 return
             # Faust recovers a partition from the offset after this one
             offset = fut.result().offset + count - 1
