@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,6 +92,27 @@ def test_a_killed_worker_keeps_its_tables_less_what_the_changelog_may_lack(
     release_state(str(tmp_path))  # a clean stop
     assert not (tmp_path / RUNNING_MARKER).exists()
     assert not prepare_state(str(tmp_path), str(tables))
+
+
+def test_tables_of_a_worker_killed_long_ago_are_restored_whole(tmp_path: Path) -> None:
+    """Undoing relies on the changelog's tail, deletions included, and a compacted topic
+    drops its tombstones a day after compacting them: tables idle for longer than half
+    that are not trusted."""
+    tables = tmp_path / "v1" / "tables"
+    db = Rdict(str(tables / "state-0.db"), Options(raw_mode=True))
+    db[b"k"] = b"v"
+    db.close()
+    assert not prepare_state(str(tmp_path), str(tables))  # then killed, and left alone
+    long_ago = time.time() - undo.MAX_IDLE_S - 3600
+    for f in tables.rglob("*"):
+        os.utime(f, (long_ago, long_ago))
+    assert undo.idle_s(str(tables)) > undo.MAX_IDLE_S
+    assert prepare_state(str(tmp_path), str(tables))
+    assert not tables.exists()
+    # a kill a moment ago keeps them (the test above)
+    Rdict(str(tables / "state-0.db"), Options(raw_mode=True)).close()
+    assert undo.idle_s(str(tables)) < 60
+    assert prepare_state(str(tmp_path), str(tables)) and tables.exists()
 
 
 def test_a_worker_that_stopped_with_its_tables_in_doubt_loses_them(tmp_path: Path) -> None:

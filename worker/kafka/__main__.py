@@ -47,6 +47,9 @@ def prepare_state(state_dir: str, tabledir: str) -> bool:
     unclean = marker.exists()
     # killed under a build without undo records: nothing says what its tables lack
     doubt = discard.exists() or (unclean and not (Path(state_dir) / UNDO_MARKER).exists())
+    # killed long ago: the changelog may have dropped deletions that undoing relies on
+    idle = undo.idle_s(tabledir) if unclean and os.path.isdir(tabledir) else 0.0
+    doubt = doubt or idle > undo.MAX_IDLE_S
     if unclean and (owner := _live_owner(marker)) is not None:
         # never discard the tables of a worker that is running on them
         raise SystemExit(
@@ -56,9 +59,10 @@ def prepare_state(state_dir: str, tabledir: str) -> bool:
         )
     if doubt and os.path.isdir(tabledir):
         log.warning(
-            "the previous worker on %s did not stop cleanly, and its local tables were in "
-            "doubt: discarding them (%s); they are restored from the changelog topics",
+            "the previous worker on %s did not stop cleanly, and its local tables were %s: "
+            "discarding them (%s); they are restored from the changelog topics",
             state_dir,
+            f"last written {idle / 3600:.0f} hours ago" if idle > undo.MAX_IDLE_S else "in doubt",
             tabledir,
         )
         shutil.rmtree(tabledir)

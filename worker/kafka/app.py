@@ -40,7 +40,7 @@ from typing import Any, cast
 import faust
 
 from worker.engine import Analysed, Stats
-from worker.kafka import dump, faustfix, rocksmem, wire
+from worker.kafka import dump, faustfix, rocksmem, undo, wire
 from worker.kafka.absent import Absent
 from worker.kafka.http import serve
 from worker.kafka.metrics import Metrics
@@ -98,9 +98,11 @@ STREAM_FETCH_BYTES = 4 << 20
 #: deleted, a step later, so most of a changelog's bytes are values that compaction drops;
 #: but Kafka never compacts the segment being written, 1 GiB by default. Smaller segments
 #: and an eager cleaner keep what a restarted worker must read close to the live state.
-#: (Tombstones stay for Kafka's default delete.retention.ms, a day, so a restore that
-#: started from the beginning still sees every deletion.)
+#: (Tombstones stay a day, Kafka's default delete.retention.ms, set here because undo
+#: records rely on it: ``worker.kafka.undo``; a restore that started from the beginning
+#: still sees every deletion.)
 CHANGELOG_CONFIGS = {
+    "delete.retention.ms": str(undo.TOMBSTONE_RETENTION_MS),
     "max.message.bytes": str(STATE_MAX_MESSAGE_BYTES),
     "segment.bytes": str(64 << 20),
     "min.cleanable.dirty.ratio": "0.2",

@@ -21,6 +21,12 @@ Why that is exact: the writes left in the table after the undo are those of batc
 whose undo records were deleted, all of them in the changelog; those after ``P`` are
 applied again by the recovery, in changelog order, with everything else after ``P``.
 A key not written after ``P`` keeps the value it had at ``P``.
+
+That needs the changelog's tail after ``P`` whole, its deletions (tombstones) included,
+and a compacted topic drops a tombstone ``delete.retention.ms`` after it compacts it. So
+undo records are trusted only for tables last written less than ``MAX_IDLE_S`` ago (half
+``TOMBSTONE_RETENTION_MS``, which the changelog topics are created with); older ones are
+restored whole (``worker.kafka.__main__.prepare_state``).
 """
 
 from __future__ import annotations
@@ -48,6 +54,11 @@ _KEY = struct.Struct(">I")
 # before was the first n bytes of the value written (an append: a bucket gaining an entry)
 _VALUE = struct.Struct(">i")
 _ABSENT = -1
+
+#: How long the changelogs keep tombstones (their ``delete.retention.ms``; Kafka's default).
+TOMBSTONE_RETENTION_MS = 24 * 3600 * 1000
+#: Undo records of tables last written longer ago than this are not used (see above).
+MAX_IDLE_S = TOMBSTONE_RETENTION_MS / 1000 / 2
 
 # Undo keys sort by when they were written: this process's start, then a counter.
 _START = time.time_ns()
@@ -167,6 +178,13 @@ def drop_db(db: Any) -> int:
             batch.delete(key)
         db.write(batch)
     return len(records)
+
+
+def idle_s(tabledir: str) -> float:
+    """Seconds since any file of the tables was last written (RocksDB writes its log and
+    its write-ahead log while it runs: about the time the worker stopped)."""
+    newest = max((f.stat().st_mtime for f in Path(tabledir).rglob("*") if f.is_file()), default=0)
+    return time.time() - newest if newest else 0.0
 
 
 def revert(tabledir: str, *, undo: bool = True) -> tuple[int, int]:
