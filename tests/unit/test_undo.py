@@ -288,22 +288,38 @@ async def _until_sent(producer: _Producer, task: asyncio.Future[Any], n: int = 1
 
 
 @pytest.mark.parametrize(
-    "how", ["acknowledged", "failed", "second of two acknowledged", "not handed over"]
+    "how",
+    [
+        "acknowledged",
+        "failed",
+        "second of two acknowledged",
+        "not handed over",
+        "a stop while handing over",
+    ],
 )
 def test_a_flush_that_does_not_reach_the_broker_leaves_its_writes_to_undo(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    """A send that fails or is not handed over (a shutdown in the middle of a flush, say)
-    leaves the flush's undo records and a stop that is not clean, so the next start undoes
-    those writes; it does not put the tables in doubt, which would discard them whole.
-    Nothing is sent after it, and no offset may be committed (``settled``)."""
+    """A batch that fails, or records not handed over (the producer gone, a stop in the
+    middle of a flush), leave the flush's undo records and a stop that is not clean, so
+    the next start undoes those writes; they do not put the tables in doubt, which would
+    discard them whole, and nothing is sent after them. After a failed batch no offset
+    may be committed either (``settled``), and the worker is to exit (``on_fatal``):
+    steps acknowledged after flushes that do not wait may have records in it. Records
+    not handed over are of steps not acknowledged yet, and a stop is only a stop."""
     doubted: list[bool] = []
     fatal: list[BaseException] = []
     monkeypatch.setattr(tablekv, "on_doubt", lambda: doubted.append(True))
     monkeypatch.setattr(tablekv, "on_fatal", fatal.append)
     db = _open(tmp_path / "db")
     db[b"k"], db[b"j"] = b"old", b"old"
-    producer = _Producer(asyncio.CancelledError() if how == "not handed over" else None)
+    producer = _Producer(
+        RuntimeError("KafkaConnectionError")
+        if how == "not handed over"
+        else asyncio.CancelledError()
+        if how == "a stop while handing over"
+        else None
+    )
     two = how == "second of two acknowledged"
     changelog, table, undo_keys = _changelog(db, producer, BIG if two else b"new")
 
@@ -337,12 +353,15 @@ def test_a_flush_that_does_not_reach_the_broker_leaves_its_writes_to_undo(
         sent_before = len(producer.futures)
         raised, settled, later = asyncio.run(flush())
         assert isinstance(raised, (RuntimeError, asyncio.CancelledError))
-        assert not settled  # no offset is committed from now on
-        assert changelog.unsent and not changelog.clean and len(fatal) == 1
+        handed_over = how in ("failed", "second of two acknowledged")
+        assert settled is not handed_over  # no offset is committed after a failed batch
+        assert changelog.unsent and not changelog.clean
+        assert len(fatal) == (0 if how == "a stop while handing over" else 1)
         assert None not in [db.get(k) for k in undo_keys]
         # and nothing more goes out, even records written since
         assert isinstance(later, RuntimeError)
         assert len(producer.futures) == (2 if two else 1 if how == "failed" else sent_before)
+        assert sent_before == 0 or handed_over
         assert undo.revert_db(db) == 2 and db[b"k"] == db[b"j"] == b"old"
     assert not changelog.failed and not doubted
     db.close()
@@ -364,6 +383,13 @@ def test_a_flush_cancelled_while_it_waits_is_not_a_clean_stop_until_the_broker_a
         with pytest.raises(asyncio.CancelledError):
             await task
         assert not changelog.clean and not changelog.unsent  # on its way
+        # a commit that waits for it, cancelled (a shutdown) does not cancel it either
+        commit = asyncio.ensure_future(changelog.settled())
+        await asyncio.sleep(0)
+        commit.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await commit
+        assert not producer.futures[0].done() and not changelog.unsent
         producer.futures[0].set_result(SimpleNamespace(offset=7))
         assert await changelog.settled()
 
@@ -376,10 +402,12 @@ def test_no_offset_is_committed_while_changelog_records_may_be_lost() -> None:
     """``faustfix.guard_commits``: the consumer's commit waits for the changelog records
     handed over before it, and refuses if some did not reach the broker."""
     from faust.transport.consumer import ThreadDelegateConsumer
+    from faust.transport.drivers.aiokafka import Consumer
 
     from worker.kafka import faustfix
 
     faustfix.guard_commits()
+    assert getattr(Consumer._commit, "neardup_fix", False)  # what the worker's consumer runs
     committed: list[dict[str, int]] = []
 
     async def commit(offsets: dict[str, int]) -> bool:
@@ -391,7 +419,7 @@ def test_no_offset_is_committed_while_changelog_records_may_be_lost() -> None:
         app=SimpleNamespace(neardup_changelog=changelog), _thread=SimpleNamespace(commit=commit)
     )
 
-    async def run() -> list[bool]:
+    async def run() -> list[bool | str]:
         out = [await ThreadDelegateConsumer._commit(consumer, {"raw-0": 5})]  # type: ignore[arg-type]
         pending: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         changelog._sent.append(pending)
@@ -400,9 +428,14 @@ def test_no_offset_is_committed_while_changelog_records_may_be_lost() -> None:
         assert not later.done() and len(committed) == 1  # waits for the records on their way
         pending.set_result(None)
         out.append(await later)
-        changelog.unsent = True
+        changelog.unsent = True  # records not handed over: of steps not acknowledged
         out.append(await ThreadDelegateConsumer._commit(consumer, {"raw-0": 7}))  # type: ignore[arg-type]
+        changelog.undelivered = True  # a batch failed
+        try:
+            await ThreadDelegateConsumer._commit(consumer, {"raw-0": 8})  # type: ignore[arg-type]
+        except RuntimeError as exc:
+            out.append(str(exc).split(":")[0])
         return out
 
-    assert asyncio.run(run()) == [True, True, False]
-    assert committed == [{"raw-0": 5}, {"raw-0": 6}]
+    assert asyncio.run(run()) == [True, True, True, "not committing offsets {'raw-0'"]
+    assert committed == [{"raw-0": 5}, {"raw-0": 6}, {"raw-0": 7}]

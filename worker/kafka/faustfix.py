@@ -25,7 +25,7 @@ the consumer thread and stalled partitions, and was taken out.)
   producer, whether the batches then reached the broker or failed. The worker acknowledges
   a step's messages once their table records are handed over to the changelog's producer;
   no offset is committed now until those records are in the changelog, and none at all
-  once some did not get there (``worker.kafka.tablekv.Changelog.settled``).
+  once a batch of them failed (``worker.kafka.tablekv.Changelog.settled``).
 """
 
 from __future__ import annotations
@@ -69,12 +69,13 @@ def guard_commits() -> None:
     async def _commit(self: Any, offsets: Any) -> bool:
         changelog = getattr(self.app, "neardup_changelog", None)  # set by the worker
         if changelog is not None and not await changelog.settled():
-            log.error(
-                "not committing offsets %s: changelog records of the steps before them did "
-                "not reach the broker; those messages are read again at the next start",
-                dict(offsets),
+            # raised, not False: Faust would take offsets it was told were not committed
+            # as committed all the same (Consumer._commit_offsets)
+            raise RuntimeError(
+                f"not committing offsets {dict(offsets)}: changelog records of the steps "
+                "before them did not reach the broker; those messages are read again at "
+                "the next start"
             )
-            return False
         return bool(await commit(self, offsets))
 
     _once(ThreadDelegateConsumer, "_commit", _commit)

@@ -95,9 +95,13 @@ class Changelog:
         self._persisted: dict[tuple[Any, int], int | None] = {}
         self._sent: list[asyncio.Future[Any]] = []
         self._failed = False
-        #: Records that never reached the changelog (a send failed or was cancelled):
-        #: their undo records stay, and the next start undoes them (see ``clean``).
+        #: Records that may not be in the changelog (a batch failed, a hand-over was cut
+        #: short): nothing more is sent, their undo records stay, and the next start
+        #: undoes them (see ``clean``) ...
         self.unsent = False
+        #: ... and of those, records of a batch handed over: a step acknowledged after a
+        #: flush that does not wait may have them, so no offset is committed (``settled``).
+        self.undelivered = False
         #: One flush at a time: a partition's records reach the producer in the order
         #: they were written locally, whichever agent flushes them.
         self._flushing = asyncio.Lock()
@@ -190,11 +194,12 @@ class Changelog:
                     sent.append(await self._send(producer, batch, table, topic, partition))
                     if done := undo_keys.get((table, partition)):
                         self._forget_when_sent(table, partition, done, sent)
-            except BaseException:  # cancelled at shutdown, or the producer is gone
-                # the records taken from _pending may not reach the changelog; their undo
-                # records stay (only a partition whose batches were all handed over and
+            except BaseException as exc:  # cancelled at shutdown, or the producer is gone
+                # the records taken from _pending and not handed over are of steps not yet
+                # acknowledged (their flushes wait for this one, or are this one); their
+                # undo records stay (only a partition whose batches were all handed over and
                 # then acknowledged has them deleted), so the next start undoes them
-                self._lost()
+                self._lost(handed_over=False, stopping=isinstance(exc, asyncio.CancelledError))
                 raise
         if wait:
             # a failed batch raises: the agent stops the worker; the futures stay in
@@ -215,16 +220,26 @@ class Changelog:
         message may be committed past while its state may be missing from the changelog."""
         if waiting := [f for f in self._sent if not f.done()]:
             await asyncio.gather(*map(asyncio.shield, waiting), return_exceptions=True)
-        return not self.failed and not self.unsent
+        return not self.failed and not self.undelivered
 
-    def _lost(self) -> None:
-        """Records handed over may never reach the changelog: from now on nothing more is
-        sent, no offset is committed (``settled``), and the worker exits soon whatever its
-        shutdown does (``on_fatal``). The next start undoes the writes whose undo records
-        are left, as after a kill."""
-        if self.unsent:
-            return
+    def _lost(self, *, handed_over: bool, stopping: bool = False) -> None:
+        """Records may never reach the changelog: from now on nothing more is sent, and the
+        next start undoes the writes whose undo records are left, as after a kill. A
+        batch that failed also stops the commits (``settled``) and the worker, which
+        exits soon whatever its shutdown does (``on_fatal``); a stop that cancelled a
+        flush before it handed everything over is only a stop."""
+        was_unsent, was_undelivered = self.unsent, self.undelivered
         self.unsent = True
+        self.undelivered = was_undelivered or handed_over
+        if stopping and not handed_over:
+            if not was_unsent:
+                log.warning(
+                    "stopped in the middle of a changelog flush: the next start undoes the "
+                    "writes not sent, and reads again the messages not committed"
+                )
+            return
+        if was_undelivered or (was_unsent and not handed_over):
+            return  # said already
         log.error(
             "changelog records did not reach the broker: the worker stops; at the next "
             "start it undoes its writes that the changelog may lack and reads again the "
@@ -243,7 +258,7 @@ class Changelog:
 
         def persisted(fut: asyncio.Future[Any]) -> None:
             if fut.cancelled() or fut.exception() is not None:
-                self._lost()  # the flush's undo records stay (_forget_when_sent)
+                self._lost(handed_over=True)  # its undo records stay (_forget_when_sent)
                 return
             # Faust recovers a partition from the offset after this one
             offset = fut.result().offset + count - 1
