@@ -1,5 +1,6 @@
 """Faults against a real broker: SIGKILLs at random points, a broker restart, a worker
-joining and leaving, a deleted state directory, a full disk and a slow downstream.
+joining and leaving, a deleted state directory, a full disk, a refused changelog batch
+and a slow downstream.
 
 Each test checks that every input page gets exactly one decision or one rejection (copies
 of a decision, at least once, are identical), and that the decisions and final clusters
@@ -210,6 +211,42 @@ def test_a_full_disk_stops_the_worker_clearly_and_loses_nothing(
     assert "did not stop cleanly" in again.log.read_text(errors="replace")
     pages, out = accounted(values, ref, d)
     print(f"disk full (exit {code}): {pages} pages in, {out} decisions + rejects out")
+
+
+def test_a_changelog_batch_the_broker_refuses_stops_the_worker_and_loses_nothing(
+    deploy: Any, tmp_path: Path, own_broker: LocalBroker
+) -> None:
+    """A batch of changelog records the broker will not take (here: over the topic's
+    max.message.bytes; in life, a broker gone for longer than the producer waits) stops
+    the worker before it commits past the steps whose state it held; the next start
+    undoes the local writes the changelog lacks instead of discarding the tables, and
+    every page comes out as ``neardup dedup`` decides it."""
+    values = stream(range(1, 5))
+    ref = reference(values, tmp_path)
+    d = deploy(2, bootstrap=own_broker.bootstrap)
+    half = len(values) // 2
+    d.produce(values[:half])
+    w = d.worker(0).start()
+    d.wait(lambda: len(d.decided()) >= half // 2, DEADLINE, "the first pages decided")
+    changelog = ["--entity-type", "topics", "--entity-name", f"{d.names.app_id}-state-changelog"]
+    own_broker.config("--alter", *changelog, "--add-config", "max.message.bytes=100")
+    try:
+        d.produce(values[half:])
+        wait_for(lambda: not w.alive(), DEADLINE, "the worker to stop on the refused batch")
+    finally:
+        own_broker.config("--alter", *changelog, "--delete-config", "max.message.bytes")
+    assert w.proc is not None
+    log = w.log.read_text(errors="replace")
+    assert "changelog records did not reach the broker" in log, w.tail()
+    w.ended = True
+    again = d.worker(0).start()
+    d.wait(lambda: all_out(ref, d), DEADLINE, "every page decided after the restart")
+    check_against(ref, d)
+    restart = again.log.read_text(errors="replace")
+    assert "were not known to be in the changelog; they were undone" in restart, again.tail()
+    assert "discarding them" not in restart
+    pages, out = accounted(values, ref, d)
+    print(f"refused changelog batch (exit {w.proc.returncode}): {pages} in, {out} out")
 
 
 def test_a_slow_downstream_applies_backpressure(
