@@ -173,10 +173,9 @@ class Changelog:
         )
 
         async with self._flushing:
-            if self.failed or self.unsent:
-                # nothing more goes out: records sent after lost ones would put a later
-                # state in the changelog without the earlier one it grew from
-                raise self.error or RuntimeError("changelog records did not reach the broker")
+            # nothing more goes out after lost records: records sent after them would put a
+            # later state in the changelog without the earlier one it grew from
+            self._raise_if_lost()
             pending, self._pending = self._pending, {}
             undo_keys, self._undo = self._undo, {}
             self._covered = {}
@@ -207,6 +206,11 @@ class Changelog:
             # (shielded: a flush cancelled while it waits must not cancel the deliveries)
             await asyncio.gather(*map(asyncio.shield, self._sent))
         self._sent = [f for f in self._sent if not f.done()]
+        self._raise_if_lost()
+
+    def _raise_if_lost(self) -> None:
+        """Raise what stops the worker if a local write failed, the tables are in doubt,
+        or records may be missing from the changelog."""
         if self.error is not None:
             raise self.error
         if self.failed or self.unsent:
