@@ -35,6 +35,7 @@ from tests.integration.helpers import (
     tree_rss,
     wait_for,
 )
+from worker.kafka import freshness
 
 pytestmark = pytest.mark.integration
 
@@ -181,6 +182,41 @@ def test_a_deleted_state_directory_is_rebuilt_from_the_changelog(
     assert "Restoring state from changelog topics" in log
     pages, out = check_after_fault(values, ref, d)
     print(f"state deleted: {pages} pages in, {out} decisions + rejects out")
+
+
+def test_tables_last_caught_up_too_long_ago_are_restored_whole(
+    deploy: Any, tmp_path: Path, own_broker: LocalBroker
+) -> None:
+    """A worker stopped cleanly and started again after longer than its changelogs keep
+    deletions (read from the broker: 2 hours here, set on the state changelog) does not
+    catch up from its old offsets, which would miss deletions; its tables are restored
+    whole, and every page comes out as ``neardup dedup`` decides it."""
+    values = stream(range(1, 5))
+    ref = reference(values, tmp_path)
+    d = deploy(2, bootstrap=own_broker.bootstrap)
+    half = len(values) // 2
+    d.produce(values[:half])
+    first = d.worker(0).start()
+    d.wait(lambda: len(d.decided()) + len(d.rejects()) >= half, DEADLINE, "the first half")
+    dbs = sorted((d.tmp / "worker0").rglob("*.db"))
+    assert dbs
+    # stamped as caught up once the restore is done, then every minute
+    wait_for(lambda: all((db / freshness.STAMP).exists() for db in dbs), 30, "the tables stamped")
+    first.stop()
+    assert first.proc is not None and first.proc.returncode == 0
+    changelog = ["--entity-type", "topics", "--entity-name", f"{d.names.app_id}-state-changelog"]
+    own_broker.config("--alter", *changelog, "--add-config", "delete.retention.ms=7200000")
+    for db in dbs:  # 90 minutes ago: past half of 2 hours, well within half of a day
+        freshness.stamp(db, time.time() - 90 * 60)
+    d.produce(values[half:])  # the second half must be matched against the first
+    again = d.worker(0).start()
+    d.wait(lambda: all_out(ref, d), DEADLINE, "every page decided after the restore")
+    log = again.log.read_text(errors="replace")
+    assert "the changelogs keep deletions for 2.0 hours" in log, again.tail()
+    removed = log.count("removed, and restored from the changelog whole")
+    assert removed == len(dbs), again.tail()
+    pages, out = check_after_fault(values, ref, d)
+    print(f"tables too old: {removed} removed, {pages} pages in, {out} out")
 
 
 def test_a_full_disk_stops_the_worker_clearly_and_loses_nothing(

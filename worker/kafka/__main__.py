@@ -22,9 +22,9 @@ import sys
 import threading
 from pathlib import Path
 
-from worker.kafka import undo
+from worker.kafka import freshness, undo
 from worker.kafka.security import connection_problem, describe, install_log_redaction
-from worker.kafka.topics import ensure_topics_sync
+from worker.kafka.topics import ensure_topics_sync, tombstone_retention_ms
 from worker.settings import Settings
 
 log = logging.getLogger("worker.kafka")
@@ -37,19 +37,18 @@ DISCARD_MARKER = "neardup-worker.discard"
 UNDO_MARKER = "neardup-worker.undo-v1"
 
 
-def prepare_state(state_dir: str, tabledir: str) -> bool:
+def prepare_state(state_dir: str, tabledir: str, max_age_s: float | None = None) -> bool:
     """Mark the state directory as in use; returns True if the previous run did not stop
     cleanly (its writes not known to be in the changelogs are then undone, or its local
-    tables removed if it said they were in doubt)."""
+    tables removed if it said they were in doubt). Tables last caught up with their
+    changelogs longer than ``max_age_s`` ago (``freshness.MAX_AGE_S``) are removed first,
+    however the previous run stopped."""
     os.makedirs(state_dir, exist_ok=True)
     marker = Path(state_dir) / RUNNING_MARKER
     discard = Path(state_dir) / DISCARD_MARKER
     unclean = marker.exists()
     # killed under a build without undo records: nothing says what its tables lack
     doubt = discard.exists() or (unclean and not (Path(state_dir) / UNDO_MARKER).exists())
-    # killed long ago: the changelog may have dropped deletions that undoing relies on
-    idle = undo.idle_s(tabledir) if unclean and os.path.isdir(tabledir) else 0.0
-    doubt = doubt or idle > undo.MAX_IDLE_S
     if unclean and (owner := _live_owner(marker)) is not None:
         # never discard the tables of a worker that is running on them
         raise SystemExit(
@@ -59,14 +58,15 @@ def prepare_state(state_dir: str, tabledir: str) -> bool:
         )
     if doubt and os.path.isdir(tabledir):
         log.warning(
-            "the previous worker on %s did not stop cleanly, and its local tables were %s: "
-            "discarding them (%s); they are restored from the changelog topics",
+            "the previous worker on %s did not stop cleanly, and its local tables were in "
+            "doubt: discarding them (%s); they are restored from the changelog topics",
             state_dir,
-            f"last written {idle / 3600:.0f} hours ago" if idle > undo.MAX_IDLE_S else "in doubt",
             tabledir,
         )
         shutil.rmtree(tabledir)
     elif os.path.isdir(tabledir):
+        # the changelog may have dropped deletions these missed: catching up would not do
+        freshness.discard_stale(tabledir, max_age_s)
         # after a clean stop every write had reached the changelog: undo records left (a
         # partition's database closed before its acknowledgement came) are only dropped
         touched, undone = undo.revert(tabledir, undo=unclean)
@@ -131,11 +131,19 @@ def create_topics(settings: Settings) -> None:
 
     try:
         ensure_topics_sync(settings)
+        retention_ms = asyncio.run(tombstone_retention_ms(settings))
     except KafkaConnectionError:
         problem = asyncio.run(connection_problem(settings))
         raise SystemExit(
             f"neardup worker: cannot connect to the brokers, {describe(settings)}: {problem}"
         ) from None
+    freshness.MAX_AGE_S = freshness.max_age_s(retention_ms)
+    log.info(
+        "the changelogs keep deletions for %.1f hours: local tables last caught up more "
+        "than %.1f hours ago are restored whole",
+        retention_ms / 3.6e6,
+        freshness.MAX_AGE_S / 3600,
+    )
 
 
 #: How long the worker may take to shut down after a fatal state error before it exits

@@ -35,12 +35,13 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, cast
 
 import faust
 
 from worker.engine import Analysed, Stats
-from worker.kafka import dump, faustfix, rocksmem, undo, wire
+from worker.kafka import dump, faustfix, freshness, rocksmem, wire
 from worker.kafka.absent import Absent
 from worker.kafka.http import serve
 from worker.kafka.metrics import Metrics
@@ -104,11 +105,11 @@ STREAM_FETCH_BYTES = 4 << 20
 #: deleted, a step later, so most of a changelog's bytes are values that compaction drops;
 #: but Kafka never compacts the segment being written, 1 GiB by default. Smaller segments
 #: and an eager cleaner keep what a restarted worker must read close to the live state.
-#: (Tombstones stay a day, Kafka's default delete.retention.ms, set here because undo
-#: records rely on it: ``worker.kafka.undo``; a restore that started from the beginning
-#: still sees every deletion.)
+#: (Tombstones stay a day, Kafka's default delete.retention.ms, set here because local
+#: tables that catch up from their changelog rely on it: ``worker.kafka.freshness``; a
+#: restore that started from the beginning still sees every deletion.)
 CHANGELOG_CONFIGS = {
-    "delete.retention.ms": str(undo.TOMBSTONE_RETENTION_MS),
+    "delete.retention.ms": str(freshness.TOMBSTONE_RETENTION_MS),
     "max.message.bytes": str(STATE_MAX_MESSAGE_BYTES),
     "segment.bytes": str(64 << 20),
     "min.cleanable.dirty.ratio": "0.2",
@@ -271,6 +272,8 @@ class Worker:
         self.send: Send = self._send
         self.flush: Callable[[], Awaitable[None]] = self._flush
         self.ready = False
+        #: When the tables were last stamped as caught up (``stamp_tables``).
+        self.stamped_at = -math.inf
         self.gate = StateGate(settings.session_timeout_ms / 1000)
         #: Partitions were revoked and none assigned since (a rebalance under way).
         self.revoked = False
@@ -336,8 +339,42 @@ class Worker:
         async def admit_timer() -> None:
             await self.admit()
 
+        async def stamp_timer() -> None:
+            # at once after a restore, then every STAMP_INTERVAL_S
+            due = time.monotonic() - self.stamped_at >= freshness.STAMP_INTERVAL_S
+            if due and self.is_ready():
+                self.stamp_tables()
+                self.stamped_at = time.monotonic()
+
         self.app.timer(interval, name="neardup.marks")(marks_timer)
         self.app.timer(interval, name="neardup.admit")(admit_timer)
+        self.app.timer(interval, name="neardup.stamp")(stamp_timer)
+
+    def stamp_tables(self) -> int:
+        """Stamp the databases of the table partitions this worker holds as caught up with
+        their changelogs now (``worker.kafka.freshness``), unless a standby is still
+        behind the changelog's end seen at the last rebalance; call only when ready (no
+        restore under way). How many were stamped."""
+        from faust.types import TP
+
+        remaining = cast(Any, self.app.tables).recovery.standby_remaining()
+        stamped = 0
+        for table in list(self.app.tables.values()):
+            store = table.data
+            dbs = getattr(store, "_dbs", None)  # a RocksDB store's open partitions
+            if not dbs:
+                continue
+            topic = table.changelog_topic.get_topic_name()
+            for partition in list(dbs):
+                if remaining.get(TP(topic, partition), 0) > 0:
+                    continue
+                try:
+                    freshness.stamp(Path(store.partition_path(partition)))
+                except OSError as exc:  # a full disk: at worst a restore at the next start
+                    log.warning("cannot stamp table %s partition %d: %s", topic, partition, exc)
+                    continue
+                stamped += 1
+        return stamped
 
     def _table(self, name: str, partitions: int) -> Any:
         return self.app.Table(
@@ -839,6 +876,7 @@ class Worker:
             log.info("a restore ended behind a newer rebalance: the state steps wait for its")
             return
         faustfix.set_fetch_size(self.app, STREAM_FETCH_BYTES)
+        self.stamped_at = -math.inf  # the restored tables are caught up: stamp them
         self.ready = True
         self.gate.open()
 

@@ -26,13 +26,19 @@ the consumer thread and stalled partitions, and was taken out.)
   a step's messages once their table records are handed over to the changelog's producer;
   no offset is committed now until those records are in the changelog, and none at all
   once a batch of them failed (``worker.kafka.tablekv.Changelog.settled``).
+* ``fresh_opens`` (of Faust's RocksDB ``Store``): a table partition's database last
+  caught up with its changelog longer ago than the changelog keeps deletions is removed
+  before Faust opens it, and restored whole (``worker.kafka.freshness``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Container
+from pathlib import Path
 from typing import Any
+
+from worker.kafka import freshness
 
 log = logging.getLogger("worker.kafka")
 
@@ -48,6 +54,7 @@ def install() -> None:
     no_skipped_acks()
     committing_seen()
     guard_commits()
+    fresh_opens()
 
 
 def _once(cls: Any, name: str, fn: Any) -> None:
@@ -79,6 +86,25 @@ def guard_commits() -> None:
         return bool(await commit(self, offsets))
 
     _once(ThreadDelegateConsumer, "_commit", _commit)
+
+
+def fresh_opens() -> None:
+    """Before Faust opens a table partition's database (at start, at an assignment, for a
+    standby), remove it if it is too old to catch up from its changelog
+    (``worker.kafka.freshness``), and forget the changelog offset the worker had cached
+    for it (``Changelog.persisted``): the partition may have moved away and back since."""
+    from faust.stores.rocksdb import Store
+
+    open_for = Store._open_for_partition
+
+    def _open_for_partition(self: Any, partition: int) -> Any:
+        freshness.discard_if_stale(Path(self.partition_path(partition)))
+        changelog = getattr(self.app, "neardup_changelog", None)  # set by the worker
+        if changelog is not None:
+            changelog.forget(self.table, partition)
+        return open_for(self, partition)
+
+    _once(Store, "_open_for_partition", _open_for_partition)
 
 
 def tune_fetch() -> None:

@@ -165,6 +165,11 @@ class Changelog:
             self._persisted[where] = table.data.persisted_offset(TP(topic, partition))
         return self._persisted[where]
 
+    def forget(self, table: Any, partition: int) -> None:
+        """Drop the cached ``persisted`` offset of a partition whose database is opened
+        again: read from the database next time, never an older one from before."""
+        self._persisted.pop((table, partition), None)
+
     async def flush(self, *, wait: bool = True) -> None:
         """Hand the records to the producer; with ``wait``, until the broker has them all
         (what a decision published next may rely on)."""

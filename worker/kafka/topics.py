@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.contract import max_line_bytes
+from worker.kafka.freshness import TOMBSTONE_RETENTION_MS
 from worker.kafka.security import aiokafka_kwargs
 from worker.settings import Settings
 
@@ -28,6 +29,8 @@ BUCKETS_TABLE = "buckets"
 SKETCHES_TABLE = "sketches"
 #: A page's journalled writes are one changelog message: allow large ones.
 STATE_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Kafka's error code for a topic that does not exist.
+UNKNOWN_TOPIC = 3
 #: Room for a record's own fields around the longest raw line.
 RAW_RECORD_SLACK = 64 * 1024
 
@@ -69,6 +72,13 @@ class TopicNames:
         if settings.topology == "routed":
             out.update({self.probes: n, self.records: n})
         return out
+
+    def changelogs(self, settings: Settings) -> list[str]:
+        """The changelog topics of the worker's tables (Faust names them so)."""
+        tables = [STATE_TABLE]
+        if settings.topology == "routed":
+            tables += [BUCKETS_TABLE, SKETCHES_TABLE]
+        return [f"{settings.app_id}-{table}-changelog" for table in tables]
 
     def fixed(self, settings: Settings) -> dict[str, int]:
         """Topics whose partition count the worker's state depends on: the sequencer has
@@ -141,6 +151,54 @@ async def ensure_topics(settings: Settings, timeout_s: float = 60.0) -> list[str
         return [t.name for t in missing]
     finally:
         await admin.close()
+
+
+async def tombstone_retention_ms(settings: Settings, timeout_s: float = 60.0) -> int:
+    """How long the changelog topics keep deletions: the shortest ``delete.retention.ms``
+    among them, the broker's default where a topic sets none, and the worker's own
+    (``worker.kafka.app.CHANGELOG_CONFIGS``) for those Faust has not created yet."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import (  # type: ignore[import-untyped]
+        ConfigResource,
+        ConfigResourceType,
+    )
+
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.brokers,
+        request_timeout_ms=int(timeout_s * 1000),
+        **aiokafka_kwargs(settings),
+    )
+    await admin.start()
+    try:
+        names = TopicNames.of(settings).changelogs(settings)
+        wanted = {"delete.retention.ms": None}
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name, wanted) for name in names]
+        )
+    finally:
+        await admin.close()
+    return retention_of([resource for response in responses for resource in response.resources])
+
+
+def retention_of(resources: list[tuple[Any, ...]]) -> int:
+    """The shortest ``delete.retention.ms`` in DescribeConfigs resources (error code,
+    message, type, name, entries of name, value, ...); a topic that does not exist yet
+    counts as the worker will create it, and one that cannot be described (no
+    DescribeConfigs permission) as created so, with a warning."""
+    values = []
+    for error_code, message, _, name, entries in resources:
+        if error_code:
+            if error_code != UNKNOWN_TOPIC:
+                log.warning(
+                    "cannot read delete.retention.ms of %s (error %s %s): taking it as %d ms",
+                    name,
+                    error_code,
+                    message or "",
+                    TOMBSTONE_RETENTION_MS,
+                )
+            values.append(TOMBSTONE_RETENTION_MS)
+        values += [int(e[1]) for e in entries if e[0] == "delete.retention.ms" and e[1]]
+    return min(values, default=TOMBSTONE_RETENTION_MS)
 
 
 async def _partition_counts(admin: Any, topics: list[str]) -> dict[str, int]:

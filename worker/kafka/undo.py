@@ -23,10 +23,9 @@ applied again by the recovery, in changelog order, with everything else after ``
 A key not written after ``P`` keeps the value it had at ``P``.
 
 That needs the changelog's tail after ``P`` whole, its deletions (tombstones) included,
-and a compacted topic drops a tombstone ``delete.retention.ms`` after it compacts it. So
-undo records are trusted only for tables last written less than ``MAX_IDLE_S`` ago (half
-``TOMBSTONE_RETENTION_MS``, which the changelog topics are created with); older ones are
-restored whole (``worker.kafka.__main__.prepare_state``).
+and a compacted topic drops a tombstone ``delete.retention.ms`` after it compacts it: a
+database last caught up longer ago than half that is removed before anything else, and
+restored whole (``worker.kafka.freshness``).
 """
 
 from __future__ import annotations
@@ -54,11 +53,6 @@ _KEY = struct.Struct(">I")
 # before was the first n bytes of the value written (an append: a bucket gaining an entry)
 _VALUE = struct.Struct(">i")
 _ABSENT = -1
-
-#: How long the changelogs keep tombstones (their ``delete.retention.ms``; Kafka's default).
-TOMBSTONE_RETENTION_MS = 24 * 3600 * 1000
-#: Undo records of tables last written longer ago than this are not used (see above).
-MAX_IDLE_S = TOMBSTONE_RETENTION_MS / 1000 / 2
 
 # Undo keys sort by when they were written: this process's start, then a counter.
 _START = time.time_ns()
@@ -178,13 +172,6 @@ def drop_db(db: Any) -> int:
             batch.delete(key)
         db.write(batch)
     return len(records)
-
-
-def idle_s(tabledir: str) -> float:
-    """Seconds since any file of the tables was last written (RocksDB writes its log and
-    its write-ahead log while it runs: about the time the worker stopped)."""
-    newest = max((f.stat().st_mtime for f in Path(tabledir).rglob("*") if f.is_file()), default=0)
-    return time.time() - newest if newest else 0.0
 
 
 def revert(tabledir: str, *, undo: bool = True) -> tuple[int, int]:
