@@ -131,12 +131,21 @@ def create_topics(settings: Settings) -> None:
 
     try:
         ensure_topics_sync(settings)
-        retention_ms = asyncio.run(tombstone_retention_ms(settings))
     except KafkaConnectionError:
         problem = asyncio.run(connection_problem(settings))
         raise SystemExit(
             f"neardup worker: cannot connect to the brokers, {describe(settings)}: {problem}"
         ) from None
+    try:
+        retention_ms = asyncio.run(tombstone_retention_ms(settings))
+    except Exception as exc:  # a broker that answered a moment ago: not worth stopping
+        retention_ms = freshness.TOMBSTONE_RETENTION_MS
+        log.warning(
+            "cannot read the changelogs' delete.retention.ms (%s: %s): taking it as %d ms",
+            type(exc).__name__,
+            exc,
+            retention_ms,
+        )
     freshness.MAX_AGE_S = freshness.max_age_s(retention_ms)
     log.info(
         "the changelogs keep deletions for %.1f hours: local tables last caught up more "

@@ -351,29 +351,36 @@ class Worker:
         self.app.timer(interval, name="neardup.stamp")(stamp_timer)
 
     def stamp_tables(self) -> int:
-        """Stamp the databases of the table partitions this worker holds as caught up with
-        their changelogs now (``worker.kafka.freshness``), unless a standby is still
-        behind the changelog's end seen at the last rebalance; call only when ready (no
-        restore under way). How many were stamped."""
-        from faust.types import TP
-
-        remaining = cast(Any, self.app.tables).recovery.standby_remaining()
-        stamped = 0
+        """Stamp the databases of the table partitions assigned to this worker as caught up
+        with their changelogs now (``worker.kafka.freshness``): every active one, and each
+        standby whose applied offset has reached the changelog's end (Faust applies a
+        standby's records in batches). Call only when ready (no restore under way). How
+        many were stamped."""
+        consumer: Any = self.app.consumer
+        assigned = consumer.assignment()
+        standbys = self.app.assignor.assigned_standbys()
+        stamped = failed = 0
         for table in list(self.app.tables.values()):
             store = table.data
             dbs = getattr(store, "_dbs", None)  # a RocksDB store's open partitions
             if not dbs:
                 continue
             topic = table.changelog_topic.get_topic_name()
-            for partition in list(dbs):
-                if remaining.get(TP(topic, partition), 0) > 0:
-                    continue
+            for tp in (tp for tp in assigned if tp.topic == topic and tp.partition in dbs):
+                if tp in standbys:
+                    end = consumer.highwater(tp)  # the next offset to be written
+                    at = store.persisted_offset(tp)
+                    if end is None or (end > 0 and (at is None or at < end - 1)):
+                        continue
                 try:
-                    freshness.stamp(Path(store.partition_path(partition)))
+                    freshness.stamp(Path(store.partition_path(tp.partition)))
                 except OSError as exc:  # a full disk: at worst a restore at the next start
-                    log.warning("cannot stamp table %s partition %d: %s", topic, partition, exc)
+                    failed += 1
+                    error = exc
                     continue
                 stamped += 1
+        if failed:
+            log.warning("cannot stamp %d local tables as caught up: %s", failed, error)
         return stamped
 
     def _table(self, name: str, partitions: int) -> Any:

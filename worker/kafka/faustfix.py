@@ -26,9 +26,10 @@ the consumer thread and stalled partitions, and was taken out.)
   a step's messages once their table records are handed over to the changelog's producer;
   no offset is committed now until those records are in the changelog, and none at all
   once a batch of them failed (``worker.kafka.tablekv.Changelog.settled``).
-* ``fresh_opens`` (of Faust's RocksDB ``Store``): a table partition's database last
-  caught up with its changelog longer ago than the changelog keeps deletions is removed
-  before Faust opens it, and restored whole (``worker.kafka.freshness``).
+* ``fresh_assignments`` (of Faust's RocksDB ``Store``): a newly assigned table
+  partition's database last caught up with its changelog longer ago than the changelog
+  keeps deletions is removed before Faust opens it, and restored whole
+  (``worker.kafka.freshness``).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def install() -> None:
     no_skipped_acks()
     committing_seen()
     guard_commits()
-    fresh_opens()
+    fresh_assignments()
 
 
 def _once(cls: Any, name: str, fn: Any) -> None:
@@ -88,23 +89,42 @@ def guard_commits() -> None:
     _once(ThreadDelegateConsumer, "_commit", _commit)
 
 
-def fresh_opens() -> None:
-    """Before Faust opens a table partition's database (at start, at an assignment, for a
-    standby), remove it if it is too old to catch up from its changelog
-    (``worker.kafka.freshness``), and forget the changelog offset the worker had cached
-    for it (``Changelog.persisted``): the partition may have moved away and back since."""
+def fresh_assignments() -> None:
+    """Before Faust's RocksDB store takes the partitions newly assigned to it (as active
+    or standby: it opens or restores them next), remove the database of each that is too
+    old to catch up from its changelog (``worker.kafka.freshness``), closing it first if
+    it is still open (Faust does not close a revoked partition's database, and a late
+    write may have opened it again); stamp a database about to be restored from the start;
+    and forget the changelog offset the worker cached for each
+    (``Changelog.persisted``): the partition may have moved away and back since."""
     from faust.stores.rocksdb import Store
 
-    open_for = Store._open_for_partition
+    on_rebalance = Store.on_rebalance
 
-    def _open_for_partition(self: Any, partition: int) -> Any:
-        freshness.discard_if_stale(Path(self.partition_path(partition)))
-        changelog = getattr(self.app, "neardup_changelog", None)  # set by the worker
-        if changelog is not None:
-            changelog.forget(self.table, partition)
-        return open_for(self, partition)
+    async def _on_rebalance(
+        self: Any, assigned: Any, revoked: Any, newly_assigned: Any, generation_id: int = 0
+    ) -> None:
+        topics = self.table.changelog_topic.topics
+        for tp in sorted(tp for tp in newly_assigned if tp.topic in topics):
+            fresh_partition(self, tp.partition)
+        await on_rebalance(self, assigned, revoked, newly_assigned, generation_id)
 
-    _once(Store, "_open_for_partition", _open_for_partition)
+    _once(Store, "on_rebalance", _on_rebalance)
+
+
+def fresh_partition(store: Any, partition: int) -> None:
+    """``fresh_assignments`` for one partition of a RocksDB ``store``."""
+    changelog = getattr(store.app, "neardup_changelog", None)  # set by the worker
+    if changelog is not None:
+        changelog.forget(store.table, partition)
+    path = Path(store.partition_path(partition))
+    if not path.exists():
+        freshness.begin_restore(path)
+    elif (age := freshness.stale_age(path)) is not None:
+        db = store._dbs.pop(partition, None)
+        if db is not None:
+            db.close()  # RocksDB refuses to open a path this process holds open
+        freshness.discard(path, age)
 
 
 def tune_fetch() -> None:

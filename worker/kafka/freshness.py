@@ -11,27 +11,36 @@ restored from a backup) would miss those deletions. It would then keep keys the
 changelog has deleted, such as pages long decided that are still pending, or still in
 flight, so its table would differ from what any other worker restores.
 
-So each database the worker holds carries a stamp: a small file in its directory holding
-the wall-clock time at which the database was last known to be caught up with its
-changelog. The worker writes it every ``STAMP_INTERVAL_S`` while its restore is done.
-Before a database is opened (at start, and at every assignment while the worker runs),
-one whose stamp is older than half the changelog topics' ``delete.retention.ms`` is
-removed, and Faust restores it from the changelog from the start. A database without a
-stamp (written by a build from before stamps) is judged by its files' newest mtime;
-RocksDB rewrites its LOG every 10 minutes while it is open.
+So each database carries a stamp: a small file in its directory holding a time no
+later than the first changelog record the database may still have to read.
 
-Why half: a deletion the database has not applied was written after the database's
-persisted offset, so after the stamp less the few seconds by which the persisted offset
-trails it; the broker keeps it for at least ``delete.retention.ms`` after that. Half
-leaves room for a wrong clock and a slow restore. The stamp is the database's own, in
-its own directory, so it survives a clean stop and travels with a copied volume, and a
-worker that crashes again and again during its restore does not freshen it.
+* A database caught up with its changelog is stamped with the time then. The worker
+  stamps every ``STAMP_INTERVAL_S``, while no restore is under way, the databases of its
+  active partitions, and those of its standby partitions whose applied offset has reached
+  the changelog's end (Faust applies a standby's records in batches).
+* A database about to be restored from the start is stamped when that begins: what it
+  reads is in the changelog from then on (a tombstone read later was compacted after the
+  values it deletes, or they would be gone too).
+
+At start, and when a partition is newly assigned to a running worker (``faustfix``), a
+database whose stamp is older than half the changelog topics' ``delete.retention.ms``
+is removed, so that Faust restores it from the start. A database without a stamp (from
+a build before stamps) is judged by its files' newest mtime, RocksDB rewriting its LOG
+every 10 minutes while it is open; a stamp that cannot be read, or lies more than
+``FUTURE_SLACK_S`` ahead, counts as infinitely old.
+
+Why half: the deletions a database has not applied were written after its stamp, so
+the broker keeps them for at least ``delete.retention.ms`` after it. Half leaves room for
+a wrong clock and a slow restore. The stamp is the database's own, in its own directory:
+it survives a clean stop, travels with a copied volume, and a worker that crashes again
+and again during a restore does not freshen it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import time
@@ -44,6 +53,10 @@ log = logging.getLogger("worker.kafka")
 STAMP = "NEARDUP-CAUGHT-UP"
 #: How often the worker stamps the databases it holds.
 STAMP_INTERVAL_S = 60.0
+#: A stamp further ahead of the clock than this is not believed.
+FUTURE_SLACK_S = 3600.0
+#: Suffix of a database directory being removed (renamed first, then deleted).
+ASIDE = ".removing"
 #: The changelogs' ``delete.retention.ms`` as the worker creates them (Kafka's default).
 TOMBSTONE_RETENTION_MS = 24 * 3600 * 1000
 
@@ -66,44 +79,74 @@ def stamp(path: Path, at: float | None = None) -> None:
     os.replace(tmp, path / STAMP)
 
 
-def caught_up_at(path: Path) -> float | None:
-    """When the database at ``path`` was last known to be caught up: its stamp, or for a
-    database without one the newest mtime of its files; None if there is no database."""
-    with contextlib.suppress(OSError, ValueError):
-        return float((path / STAMP).read_text().split()[0])
-    with contextlib.suppress(OSError):
-        newest = max((f.stat().st_mtime for f in path.rglob("*") if f.is_file()), default=0.0)
-        return newest or None
-    return None
+def caught_up_at(path: Path, now: float | None = None) -> float | None:
+    """When the database at ``path`` was last known to be caught up: its stamp (0.0 if
+    unreadable or in the future), or for a database without one the newest mtime of its
+    files; None if there is no database."""
+    try:
+        text = (path / STAMP).read_text()
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            files = [f.stat().st_mtime for f in path.rglob("*") if f.is_file()]
+            return max(files, default=0.0) if path.is_dir() else None
+        return None
+    except OSError:
+        return 0.0
+    try:
+        at = float(text.split()[0])
+    except (ValueError, IndexError):
+        return 0.0
+    limit = (time.time() if now is None else now) + FUTURE_SLACK_S
+    return at if math.isfinite(at) and at <= limit else 0.0
 
 
-def discard_if_stale(path: Path, max_age: float | None = None, now: float | None = None) -> bool:
-    """Remove the database at ``path`` if it was last caught up more than ``max_age``
-    seconds ago (``MAX_AGE_S``); whether it was removed."""
-    limit = MAX_AGE_S if max_age is None else max_age
-    at = caught_up_at(path)
+def stale_age(path: Path, max_age: float | None = None, now: float | None = None) -> float | None:
+    """How long ago the database at ``path`` was last caught up, if that is more than
+    ``max_age`` seconds (``MAX_AGE_S``); None if it is fresh enough or absent."""
+    now = time.time() if now is None else now
+    at = caught_up_at(path, now)
     if at is None:
-        return False
-    age = (time.time() if now is None else now) - at
-    if age <= limit:
-        return False
+        return None
+    age = now - at
+    return age if age > (MAX_AGE_S if max_age is None else max_age) else None
+
+
+def discard(path: Path, age: float, max_age: float | None = None) -> None:
+    """Remove the database at ``path`` (no handle may be open on it), and leave an empty
+    directory stamped now: Faust restores it from the start, beginning now."""
     log.warning(
         "the local table %s was last caught up with its changelog %.1f hours ago, more "
         "than %.1f hours (half the time the changelog keeps deletions): it is removed, "
         "and restored from the changelog whole",
         path.name,
         age / 3600,
-        limit / 3600,
+        (MAX_AGE_S if max_age is None else max_age) / 3600,
     )
-    shutil.rmtree(path)
-    return True
+    aside = path.with_name(path.name + ASIDE)
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(path, aside)  # the name is free at once, whatever rmtree meets
+    shutil.rmtree(aside)
+    begin_restore(path)
+
+
+def begin_restore(path: Path) -> None:
+    """An empty database directory at ``path``, stamped now (``stamp``): what Faust
+    restores into it from the start is in the changelog from now on."""
+    path.mkdir(parents=True, exist_ok=True)
+    stamp(path)
 
 
 def discard_stale(tabledir: str, max_age: float | None = None) -> list[str]:
-    """``discard_if_stale`` for every partition database under ``tabledir``: the names of
-    those removed."""
+    """``discard`` every partition database under ``tabledir`` last caught up more than
+    ``max_age`` seconds ago (``MAX_AGE_S``), before anything opens them: their names."""
     root = Path(tabledir)
     if not root.is_dir():
         return []
-    dbs = sorted(p for p in root.iterdir() if p.is_dir() and p.name.endswith(".db"))
-    return [p.name for p in dbs if discard_if_stale(p, max_age)]
+    for leftover in root.glob(f"*{ASIDE}"):  # a removal cut short
+        shutil.rmtree(leftover, ignore_errors=True)
+    removed = []
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and p.name.endswith(".db")):
+        if (age := stale_age(path, max_age)) is not None:
+            discard(path, age, max_age)
+            removed.append(path.name)
+    return removed
