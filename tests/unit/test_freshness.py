@@ -116,21 +116,30 @@ def test_a_stale_partition_assigned_again_is_removed_even_while_open(
 ) -> None:
     """A partition held by another worker for days and assigned back: its database is
     closed if Faust left it open (it does not close revoked ones), removed (so Faust
-    restores it whole), and the changelog offset the worker had cached for it is read
-    afresh; a fresh one stays open; a new one is stamped as its restore begins."""
+    restores it whole), and the offsets the worker and Faust's recovery hold for it are
+    forgotten; a fresh one stays open; a new one is stamped as its restore begins; a
+    partition assigned before, or of another topic, is not looked at."""
+    topic = "nd-state-changelog"
     changelog = Changelog(SimpleNamespace())
 
     class Table:  # hashable, as Faust's are
-        changelog_topic = SimpleNamespace(topics={"nd-state-changelog"})
+        changelog_topic = SimpleNamespace(topics={topic}, get_topic_name=lambda: topic)
 
     table = Table()
-    paths = {p: tmp_path / f"state-{p}.db" for p in range(3)}
-    for p in (0, 1):
+    paths = {p: tmp_path / f"state-{p}.db" for p in range(4)}
+    for p, age in ((0, freshness.MAX_AGE_S + 60), (1, 60), (3, freshness.MAX_AGE_S + 60)):
         _db(paths[p])
-        freshness.stamp(paths[p], time.time() - (freshness.MAX_AGE_S + 60 if p == 0 else 60))
-    for p in range(3):
+        freshness.stamp(paths[p], time.time() - age)
+    for p in range(4):
         changelog._persisted[(table, p)] = 41
     dbs = {p: Rdict(str(paths[p]), Options(raw_mode=True)) for p in (0, 1)}
+    also_held = dbs[0]  # a second reference: dropping Faust's alone would not close it
+    recovery = SimpleNamespace(
+        active_offsets={TP(topic, 0): 41, TP(topic, 1): 41},
+        standby_offsets={TP(topic, 2): 41},
+        active_highwaters={TP(topic, 0): 90},
+        standby_highwaters={TP(topic, 2): 90},
+    )
     called: list[Any] = []
 
     async def faust_on_rebalance(*args: Any) -> None:
@@ -138,23 +147,47 @@ def test_a_stale_partition_assigned_again_is_removed_even_while_open(
 
     store: Any = SimpleNamespace(
         partition_path=paths.__getitem__,
-        app=SimpleNamespace(neardup_changelog=changelog),
+        app=SimpleNamespace(neardup_changelog=changelog, tables=SimpleNamespace(recovery=recovery)),
         table=table,
         _dbs=dbs,
     )
     monkeypatch.setattr(Store, "on_rebalance", faust_on_rebalance)
     faustfix.fresh_assignments()
-    tps = {TP("nd-state-changelog", p) for p in range(3)} | {TP("nd-raw", 0)}
-    asyncio.run(Store.on_rebalance(store, tps, set(), tps, 7))
+    new = {TP(topic, p) for p in range(3)} | {TP("nd-raw", 5)}
+    assigned = new | {TP(topic, 3)}  # state-3 was assigned before: Faust holds it already
+    asyncio.run(Store.on_rebalance(store, assigned, set(), new, 7))
     # then Faust's own, with the stale database closed and dropped, the fresh one open
-    assert called == [((store, tps, set(), tps, 7), [1])]
+    assert called == [((store, assigned, set(), new, 7), [1])]
     dbs[1].close()
     for p in (0, 2):  # empty, stamped now: restored from the start
         db = Rdict(str(paths[p]), Options(raw_mode=True))
         assert db.get(b"k0") is None
         db.close()
         assert (freshness.caught_up_at(paths[p]) or 0) > time.time() - 60
-    assert changelog._persisted == {}
+    del also_held
+    db = Rdict(str(paths[3]), Options(raw_mode=True))
+    assert db.get(b"k0") == b"v" * 100  # not newly assigned: not looked at here
+    db.close()
+    assert changelog._persisted == {(table, 3): 41}
+    assert recovery.active_offsets == {TP(topic, 1): 41}  # the fresh one's stays
+    assert recovery.standby_offsets == recovery.active_highwaters == {}
+    assert recovery.standby_highwaters == {}
+
+
+def test_a_standby_is_caught_up_to_the_latest_end_its_applied_offset_reached() -> None:
+    """Faust applies a standby's records in batches: under steady writes its applied
+    offset trails the changelog's end at every tick, and passes each end later."""
+    marks = freshness.StandbyMarks()
+    tp = TP("nd-state-changelog", 0)
+    assert marks.caught_up_at(tp, None, None, 10.0) is None  # no fetch yet
+    assert marks.caught_up_at(tp, 0, None, 20.0) == 20.0  # an empty changelog
+    assert marks.caught_up_at(tp, 100, 40, 30.0) is None
+    assert marks.caught_up_at(tp, 200, 120, 40.0) == 30.0  # past 99, not yet 199
+    assert marks.caught_up_at(tp, 300, 150, 50.0) is None  # 30.0 was stamped already
+    assert marks.caught_up_at(tp, 400, 350, 60.0) == 50.0
+    assert marks.caught_up_at(tp, 400, 399, 70.0) == 70.0
+    marks.keep([])
+    assert marks.caught_up_at(tp, 500, 450, 80.0) is None  # a standby here again: anew
 
 
 def test_the_worker_stamps_its_actives_and_the_standbys_at_the_changelogs_end(
@@ -197,8 +230,16 @@ def test_the_worker_stamps_its_actives_and_the_standbys_at_the_changelogs_end(
             tables=tables,
         )
     )
+    worker.standby_marks = freshness.StandbyMarks()
     before = time.time()
     assert Worker.stamp_tables(worker) == 3
     stamped = {k for k, path in paths.items() if (path / freshness.STAMP).exists()}
     assert stamped == {("state", 0), ("buckets", 0), ("buckets", 1)}
     assert (freshness.caught_up_at(paths[("state", 0)]) or 0) >= before - 0.01  # ms rounded
+    # a standby at the end was stamped a tick earlier: the highwater is the last fetch's
+    standby_at = freshness.caught_up_at(paths[("buckets", 1)]) or 0
+    assert before - freshness.STAMP_INTERVAL_S - 1 < standby_at < before
+    # a tick later buckets-2 has applied past the end seen then, not the end now
+    persisted[2], highwater[2] = 150, 300
+    assert Worker.stamp_tables(worker) == 4
+    assert (freshness.caught_up_at(paths[("buckets", 2)]) or 0) < before

@@ -272,8 +272,6 @@ class Worker:
         self.send: Send = self._send
         self.flush: Callable[[], Awaitable[None]] = self._flush
         self.ready = False
-        #: When the tables were last stamped as caught up (``stamp_tables``).
-        self.stamped_at = -math.inf
         self.gate = StateGate(settings.session_timeout_ms / 1000)
         #: Partitions were revoked and none assigned since (a rebalance under way).
         self.revoked = False
@@ -339,6 +337,10 @@ class Worker:
         async def admit_timer() -> None:
             await self.admit()
 
+        #: When the tables were last stamped as caught up (``stamp_tables``).
+        self.stamped_at = -math.inf
+        self.standby_marks = freshness.StandbyMarks()
+
         async def stamp_timer() -> None:
             # at once after a restore, then every STAMP_INTERVAL_S
             due = time.monotonic() - self.stamped_at >= freshness.STAMP_INTERVAL_S
@@ -352,13 +354,15 @@ class Worker:
 
     def stamp_tables(self) -> int:
         """Stamp the databases of the table partitions assigned to this worker as caught up
-        with their changelogs now (``worker.kafka.freshness``): every active one, and each
-        standby whose applied offset has reached the changelog's end (Faust applies a
-        standby's records in batches). Call only when ready (no restore under way). How
-        many were stamped."""
+        with their changelogs (``worker.kafka.freshness``): every active one now, each
+        standby at the latest time its changelog ended where its applied offset has
+        reached since (less a tick: the highwater is the last fetch's). Call only when
+        ready (no restore under way). How many were stamped."""
         consumer: Any = self.app.consumer
         assigned = consumer.assignment()
         standbys = self.app.assignor.assigned_standbys()
+        self.standby_marks.keep(standbys)
+        now = time.time()
         stamped = failed = 0
         for table in list(self.app.tables.values()):
             store = table.data
@@ -367,13 +371,15 @@ class Worker:
                 continue
             topic = table.changelog_topic.get_topic_name()
             for tp in (tp for tp in assigned if tp.topic == topic and tp.partition in dbs):
+                at: float | None = now
                 if tp in standbys:
-                    end = consumer.highwater(tp)  # the next offset to be written
-                    at = store.persisted_offset(tp)
-                    if end is None or (end > 0 and (at is None or at < end - 1)):
+                    end, applied = consumer.highwater(tp), store.persisted_offset(tp)
+                    at = self.standby_marks.caught_up_at(tp, end, applied, now)
+                    if at is None:
                         continue
+                    at -= freshness.STAMP_INTERVAL_S
                 try:
-                    freshness.stamp(Path(store.partition_path(tp.partition)))
+                    freshness.stamp(Path(store.partition_path(tp.partition)), at)
                 except OSError as exc:  # a full disk: at worst a restore at the next start
                     failed += 1
                     error = exc

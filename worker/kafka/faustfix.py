@@ -125,6 +125,22 @@ def fresh_partition(store: Any, partition: int) -> None:
         if db is not None:
             db.close()  # RocksDB refuses to open a path this process holds open
         freshness.discard(path, age)
+    else:
+        return
+    # Faust's recovery keeps the larger of an offset it still holds and the database's
+    # (setdefault, max): none may outlive the database it was read from
+    recovery = getattr(getattr(store.app, "tables", None), "recovery", None)
+    if recovery is not None:
+        from faust.types import TP
+
+        tp = TP(store.table.changelog_topic.get_topic_name(), partition)
+        for offsets in (
+            recovery.active_offsets,
+            recovery.standby_offsets,
+            recovery.active_highwaters,
+            recovery.standby_highwaters,
+        ):
+            offsets.pop(tp, None)
 
 
 def tune_fetch() -> None:

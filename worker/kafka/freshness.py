@@ -16,8 +16,10 @@ later than the first changelog record the database may still have to read.
 
 * A database caught up with its changelog is stamped with the time then. The worker
   stamps every ``STAMP_INTERVAL_S``, while no restore is under way, the databases of its
-  active partitions, and those of its standby partitions whose applied offset has reached
-  the changelog's end (Faust applies a standby's records in batches).
+  active partitions (it writes them), and those of its standby partitions with the
+  time at which the changelog ended where their applied offset has reached since
+  (``StandbyMarks``: Faust applies a standby's records in batches, so under steady
+  writes a standby is seldom at the changelog's very end).
 * A database about to be restored from the start is stamped when that begins: what it
   reads is in the changelog from then on (a tombstone read later was compacted after the
   values it deletes, or they would be gone too).
@@ -44,7 +46,9 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("worker.kafka")
 
@@ -53,6 +57,8 @@ log = logging.getLogger("worker.kafka")
 STAMP = "NEARDUP-CAUGHT-UP"
 #: How often the worker stamps the databases it holds.
 STAMP_INTERVAL_S = 60.0
+#: The most changelog ends remembered per standby partition (a day of ticks).
+STANDBY_MARKS = 1440
 #: A stamp further ahead of the clock than this is not believed.
 FUTURE_SLACK_S = 3600.0
 #: Suffix of a database directory being removed (renamed first, then deleted).
@@ -150,3 +156,32 @@ def discard_stale(tabledir: str, max_age: float | None = None) -> list[str]:
             discard(path, age, max_age)
             removed.append(path.name)
     return removed
+
+
+class StandbyMarks:
+    """Where each standby partition's changelog ended, and when: a standby is caught up
+    to the time of the latest end its applied offset has reached."""
+
+    def __init__(self) -> None:
+        self._ends: dict[Any, list[tuple[int, float]]] = {}
+
+    def caught_up_at(
+        self, tp: Any, end: int | None, applied: int | None, now: float
+    ) -> float | None:
+        """Record that ``tp``'s changelog ends before ``end`` (its highwater, None if not
+        known yet) at ``now``; the time of the latest end recorded that ``applied`` (the
+        offset the standby's database has applied) has reached, or None."""
+        ends = self._ends.setdefault(tp, [])
+        if end is not None and (not ends or end >= ends[-1][0]):
+            ends.append((end, now))
+        reached = [t for e, t in ends if e == 0 or (applied is not None and applied >= e - 1)]
+        # the ends only grow: those reached are the oldest, and only the latest matters
+        del ends[: len(reached)]
+        del ends[: max(len(ends) - STANDBY_MARKS, 0)]
+        return reached[-1] if reached else None
+
+    def keep(self, tps: Iterable[Any]) -> None:
+        """Forget the partitions not in ``tps`` (no longer standbys here)."""
+        wanted = set(tps)
+        for tp in [tp for tp in self._ends if tp not in wanted]:
+            del self._ends[tp]
