@@ -201,7 +201,8 @@ def test_the_worker_stamps_its_actives_and_the_standbys_at_the_changelogs_end(
     for path in paths.values():
         _db(path)
     # buckets: 0 active; 1 standby applied to the end; 2 standby behind; 3 standby with
-    # nothing applied yet; state-0 active, state-1 open but not assigned
+    # nothing applied yet, its records buffered; state-0 active, state-1 open but not
+    # assigned
     persisted = {1: 99, 2: 60, 3: None}
     highwater = {1: 100, 2: 100, 3: 100}
 
@@ -223,23 +224,31 @@ def test_the_worker_stamps_its_actives_and_the_standbys_at_the_changelogs_end(
         highwater=lambda t: highwater[t.partition],
     )
     tables = {"state": table("state", [0, 1]), "buckets": table("buckets", [0, 1, 2, 3])}
+
+    def flush_buffers() -> None:  # Faust applies the standby records it has buffered
+        persisted[3] = buffered.pop(3, persisted[3])
+
+    buffered = {3: 99}
     worker: Any = SimpleNamespace(
         app=SimpleNamespace(
             consumer=consumer,
             assignor=SimpleNamespace(assigned_standbys=lambda: standbys),
-            tables=tables,
+            tables=SimpleNamespace(
+                values=tables.values, recovery=SimpleNamespace(flush_buffers=flush_buffers)
+            ),
         )
     )
     worker.standby_marks = freshness.StandbyMarks()
     before = time.time()
-    assert Worker.stamp_tables(worker) == 3
+    assert Worker.stamp_tables(worker) == 4
     stamped = {k for k, path in paths.items() if (path / freshness.STAMP).exists()}
-    assert stamped == {("state", 0), ("buckets", 0), ("buckets", 1)}
+    # buckets-3 had its records buffered, not applied: applied before stamping
+    assert stamped == {("state", 0), ("buckets", 0), ("buckets", 1), ("buckets", 3)}
     assert (freshness.caught_up_at(paths[("state", 0)]) or 0) >= before - 0.01  # ms rounded
     # a standby at the end was stamped a tick earlier: the highwater is the last fetch's
     standby_at = freshness.caught_up_at(paths[("buckets", 1)]) or 0
     assert before - freshness.STAMP_INTERVAL_S - 1 < standby_at < before
     # a tick later buckets-2 has applied past the end seen then, not the end now
     persisted[2], highwater[2] = 150, 300
-    assert Worker.stamp_tables(worker) == 4
+    assert Worker.stamp_tables(worker) == 5
     assert (freshness.caught_up_at(paths[("buckets", 2)]) or 0) < before

@@ -362,6 +362,11 @@ class Worker:
         assigned = consumer.assignment()
         standbys = self.app.assignor.assigned_standbys()
         self.standby_marks.keep(standbys)
+        if standbys:
+            # Faust applies a standby's records when a table's buffer holds 1,000 of them
+            # (or at a rebalance, or a stop): a quiet standby would otherwise trail its
+            # changelog's end indefinitely, and never be stamped
+            cast(Any, self.app.tables).recovery.flush_buffers()
         now = time.time()
         stamped = failed = 0
         for table in list(self.app.tables.values()):
