@@ -219,6 +219,46 @@ def test_tables_last_caught_up_too_long_ago_are_restored_whole(
     print(f"tables too old: {removed} removed, {pages} pages in, {out} out")
 
 
+def test_partitions_back_after_too_long_elsewhere_are_restored_whole(
+    deploy: Any, tmp_path: Path
+) -> None:
+    """A running worker gets back table partitions another worker held for longer than
+    the changelogs keep deletions (as if: their stamps aged while the first worker neither
+    held nor stamped them; no standbys). It removes its old databases of them, restores
+    them whole, and every page comes out as ``neardup dedup`` decides it."""
+    values = stream(range(1, 7))
+    ref = reference(values, tmp_path)
+    d = deploy(2)
+    env = {"NEARDUP_STANDBY_REPLICAS": "0"}
+    third = len(values) // 3
+    out = lambda: len(d.decided()) + len(d.rejects())  # noqa: E731
+    d.produce(values[:third])
+    first = d.worker(0, env).start()
+    d.wait(lambda: out() >= third, DEADLINE, "the first third")
+    second = d.worker(1, env).start()
+    d.wait(lambda: second.get("/readyz") == 200, DEADLINE, "the second worker ready")
+    d.produce(values[third : 2 * third])
+    d.wait(lambda: out() >= 2 * third, DEADLINE, "the second third, on two workers")
+    moved = sorted(db.name for db in (d.tmp / "worker1").rglob("*.db"))
+    mine = {db.name: db for db in (d.tmp / "worker0").rglob("*.db")}
+    aged = [mine[name] for name in moved if name in mine]
+    assert aged, (moved, sorted(mine))
+    for db in aged:  # the first worker holds them no more, so it does not stamp them
+        freshness.stamp(db, time.time() - freshness.MAX_AGE_S - 3600)
+    second.stop()
+    d.produce(values[2 * third :])
+    d.wait(lambda: all_out(ref, d), DEADLINE, "every page decided after the leave")
+    log = first.log.read_text(errors="replace")
+    removed = sorted(
+        name for name in mine if f"table {name} was last caught up" in log and name in moved
+    )
+    assert removed == sorted(db.name for db in aged), first.tail()
+    assert first.alive()
+    pages, outputs = check_after_fault(values, ref, d)
+    print(f"back after too long: {len(removed)} of {len(mine)} tables restored whole, "
+          f"{pages} pages in, {outputs} out")  # fmt: skip
+
+
 def test_a_full_disk_stops_the_worker_clearly_and_loses_nothing(
     deploy: Any, tmp_path: Path
 ) -> None:
