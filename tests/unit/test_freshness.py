@@ -220,8 +220,7 @@ def test_the_worker_stamps_its_actives_and_the_standbys_at_the_changelogs_end(
 
     standbys = {tp("buckets", p) for p in (1, 2, 3)}
     consumer = SimpleNamespace(
-        assignment=lambda: {tp("state", 0), tp("buckets", 0), *standbys, TP("nd-raw", 0)},
-        highwater=lambda t: highwater[t.partition],
+        assignment=lambda: {tp("state", 0), tp("buckets", 0), *standbys, TP("nd-raw", 0)}
     )
     tables = {"state": table("state", [0, 1]), "buckets": table("buckets", [0, 1, 2, 3])}
 
@@ -239,16 +238,22 @@ def test_the_worker_stamps_its_actives_and_the_standbys_at_the_changelogs_end(
         )
     )
     worker.standby_marks = freshness.StandbyMarks()
-    before = time.time()
-    assert Worker.stamp_tables(worker) == 4
+
+    def ends() -> dict[TP, int]:  # as the broker says, asked at the tick
+        return {tp("buckets", p): end for p, end in highwater.items()}
+
+    asked = time.time() - 5
+    assert Worker.stamp_tables(worker, ends(), asked) == 4
     stamped = {k for k, path in paths.items() if (path / freshness.STAMP).exists()}
     # buckets-3 had its records buffered, not applied: applied before stamping
     assert stamped == {("state", 0), ("buckets", 0), ("buckets", 1), ("buckets", 3)}
-    assert (freshness.caught_up_at(paths[("state", 0)]) or 0) >= before - 0.01  # ms rounded
-    # a standby at the end was stamped a tick earlier: the highwater is the last fetch's
-    standby_at = freshness.caught_up_at(paths[("buckets", 1)]) or 0
-    assert before - freshness.STAMP_INTERVAL_S - 1 < standby_at < before
+    for name in (("state", 0), ("buckets", 1)):  # when the ends were asked for
+        assert abs((freshness.caught_up_at(paths[name]) or 0) - asked) < 0.01  # ms rounded
     # a tick later buckets-2 has applied past the end seen then, not the end now
     persisted[2], highwater[2] = 150, 300
-    assert Worker.stamp_tables(worker) == 5
-    assert (freshness.caught_up_at(paths[("buckets", 2)]) or 0) < before
+    assert Worker.stamp_tables(worker, ends(), asked + 60) == 5
+    assert abs((freshness.caught_up_at(paths[("buckets", 2)]) or 0) - asked) < 0.01
+    # no ends from the broker this tick: only an end recorded before can be reached
+    persisted[2] = 299
+    assert Worker.stamp_tables(worker, {}, asked + 120) == 3  # the actives, buckets-2
+    assert abs((freshness.caught_up_at(paths[("buckets", 2)]) or 0) - (asked + 60)) < 0.01

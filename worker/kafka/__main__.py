@@ -125,27 +125,31 @@ def doubt_state(state_dir: str) -> None:
 
 
 def create_topics(settings: Settings) -> None:
-    """Create the worker's missing topics; a broker that cannot be reached (a wrong
-    password, an untrusted certificate) ends the worker with a message naming the cause."""
-    from aiokafka.errors import KafkaConnectionError  # type: ignore[import-untyped]
+    """Create the worker's missing topics and read how long the changelogs keep
+    deletions (``freshness.MAX_AGE_S``); a broker that cannot be reached (a wrong
+    password, an untrusted certificate) or does not answer ends the worker with a
+    message naming the cause."""
+    from aiokafka.errors import (  # type: ignore[import-untyped]
+        KafkaConnectionError,
+        KafkaError,
+    )
 
     try:
         ensure_topics_sync(settings)
+        try:
+            retention_ms = asyncio.run(tombstone_retention_ms(settings))
+        except KafkaConnectionError:
+            raise
+        except KafkaError as exc:  # a timeout: a guess could trust stale tables
+            raise SystemExit(
+                f"neardup worker: cannot read the changelog topics' delete.retention.ms "
+                f"from the brokers, {describe(settings)}: {type(exc).__name__}: {exc}"
+            ) from None
     except KafkaConnectionError:
         problem = asyncio.run(connection_problem(settings))
         raise SystemExit(
             f"neardup worker: cannot connect to the brokers, {describe(settings)}: {problem}"
         ) from None
-    try:
-        retention_ms = asyncio.run(tombstone_retention_ms(settings))
-    except Exception as exc:  # a broker that answered a moment ago: not worth stopping
-        retention_ms = freshness.TOMBSTONE_RETENTION_MS
-        log.warning(
-            "cannot read the changelogs' delete.retention.ms (%s: %s): taking it as %d ms",
-            type(exc).__name__,
-            exc,
-            retention_ms,
-        )
     freshness.MAX_AGE_S = freshness.max_age_s(retention_ms)
     log.info(
         "the changelogs keep deletions for %.1f hours: local tables last caught up more "

@@ -345,19 +345,36 @@ class Worker:
             # at once after a restore, then every STAMP_INTERVAL_S
             due = time.monotonic() - self.stamped_at >= freshness.STAMP_INTERVAL_S
             if due and self.is_ready():
-                self.stamp_tables()
-                self.stamped_at = time.monotonic()
+                asked = time.time()
+                ends = await self.standby_ends()
+                if self.is_ready():  # and still, after asking the broker
+                    self.stamp_tables(ends, asked)
+                    self.stamped_at = time.monotonic()
 
         self.app.timer(interval, name="neardup.marks")(marks_timer)
         self.app.timer(interval, name="neardup.admit")(admit_timer)
         self.app.timer(interval, name="neardup.stamp")(stamp_timer)
 
-    def stamp_tables(self) -> int:
+    async def standby_ends(self) -> dict[Any, int]:
+        """Where the changelog of each of this worker's standby partitions ends, from the
+        broker (the consumer's own highwater is only as fresh as its last fetch of the
+        partition); none if the broker cannot say now: they wait for the next tick."""
+        standbys = self.app.assignor.assigned_standbys()
+        if not standbys:
+            return {}
+        try:
+            ends = await self.app.consumer.highwaters(*standbys)
+        except Exception as exc:  # the stamps only wait
+            log.info("cannot ask where the standby changelogs end: %s", exc)
+            return {}
+        return {tp: int(end) for tp, end in ends.items() if end is not None}
+
+    def stamp_tables(self, ends: dict[Any, int], now: float) -> int:
         """Stamp the databases of the table partitions assigned to this worker as caught up
-        with their changelogs (``worker.kafka.freshness``): every active one now, each
-        standby at the latest time its changelog ended where its applied offset has
-        reached since (less a tick: the highwater is the last fetch's). Call only when
-        ready (no restore under way). How many were stamped."""
+        with their changelogs (``worker.kafka.freshness``): every active one at ``now``,
+        each standby at the latest time its changelog ended (``ends``, asked of the broker
+        at ``now``) where its applied offset has reached since. Call only when ready (no
+        restore under way). How many were stamped."""
         consumer: Any = self.app.consumer
         assigned = consumer.assignment()
         standbys = self.app.assignor.assigned_standbys()
@@ -367,7 +384,6 @@ class Worker:
             # (or at a rebalance, or a stop): a quiet standby would otherwise trail its
             # changelog's end indefinitely, and never be stamped
             cast(Any, self.app.tables).recovery.flush_buffers()
-        now = time.time()
         stamped = failed = 0
         for table in list(self.app.tables.values()):
             store = table.data
@@ -378,11 +394,10 @@ class Worker:
             for tp in (tp for tp in assigned if tp.topic == topic and tp.partition in dbs):
                 at: float | None = now
                 if tp in standbys:
-                    end, applied = consumer.highwater(tp), store.persisted_offset(tp)
-                    at = self.standby_marks.caught_up_at(tp, end, applied, now)
+                    applied = store.persisted_offset(tp)
+                    at = self.standby_marks.caught_up_at(tp, ends.get(tp), applied, now)
                     if at is None:
                         continue
-                    at -= freshness.STAMP_INTERVAL_S
                 try:
                     freshness.stamp(Path(store.partition_path(tp.partition)), at)
                 except OSError as exc:  # a full disk: at worst a restore at the next start

@@ -27,8 +27,8 @@ the consumer thread and stalled partitions, and was taken out.)
   no offset is committed now until those records are in the changelog, and none at all
   once a batch of them failed (``worker.kafka.tablekv.Changelog.settled``).
 * ``fresh_assignments`` (of Faust's RocksDB ``Store``): a newly assigned table
-  partition's database last caught up with its changelog longer ago than the changelog
-  keeps deletions is removed before Faust opens it, and restored whole
+  partition's database last caught up with its changelog longer ago than half the time
+  the changelog keeps deletions is removed before Faust opens it, and restored whole
   (``worker.kafka.freshness``).
 """
 

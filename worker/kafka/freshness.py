@@ -17,9 +17,9 @@ later than the first changelog record the database may still have to read.
 * A database caught up with its changelog is stamped with the time then. The worker
   stamps every ``STAMP_INTERVAL_S``, while no restore is under way, the databases of its
   active partitions (it writes them), and those of its standby partitions with the
-  time at which the changelog ended where their applied offset has reached since
-  (``StandbyMarks``: Faust applies a standby's records in batches, so under steady
-  writes a standby is seldom at the changelog's very end).
+  time at which the changelog ended (asked of the broker) where their applied offset has
+  reached since (``StandbyMarks``: Faust applies a standby's records in batches, so
+  under steady writes a standby is seldom at the changelog's very end).
 * A database about to be restored from the start is stamped when that begins: what it
   reads is in the changelog from then on (a tombstone read later was compacted after the
   values it deletes, or they would be gone too).
@@ -92,10 +92,7 @@ def caught_up_at(path: Path, now: float | None = None) -> float | None:
     try:
         text = (path / STAMP).read_text()
     except FileNotFoundError:
-        with contextlib.suppress(OSError):
-            files = [f.stat().st_mtime for f in path.rglob("*") if f.is_file()]
-            return max(files, default=0.0) if path.is_dir() else None
-        return None
+        return _newest_mtime(path)
     except OSError:
         return 0.0
     try:
@@ -104,6 +101,21 @@ def caught_up_at(path: Path, now: float | None = None) -> float | None:
         return 0.0
     limit = (time.time() if now is None else now) + FUTURE_SLACK_S
     return at if math.isfinite(at) and at <= limit else 0.0
+
+
+def _newest_mtime(path: Path) -> float | None:
+    """The newest mtime of the files in the directory ``path`` (None if there is no such
+    directory; 0.0 if it cannot be listed). A file RocksDB deletes meanwhile is skipped."""
+    if not path.is_dir():
+        return None
+    newest = 0.0
+    try:
+        for f in path.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                newest = max(newest, f.stat().st_mtime)
+    except OSError:
+        return 0.0
+    return newest
 
 
 def stale_age(path: Path, max_age: float | None = None, now: float | None = None) -> float | None:
