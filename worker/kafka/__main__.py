@@ -136,19 +136,17 @@ def create_topics(settings: Settings) -> None:
 
     try:
         ensure_topics_sync(settings)
-        try:
-            retention_ms = asyncio.run(tombstone_retention_ms(settings))
-        except KafkaConnectionError:
-            raise
-        except KafkaError as exc:  # a timeout: a guess could trust stale tables
-            raise SystemExit(
-                f"neardup worker: cannot read the changelog topics' delete.retention.ms "
-                f"from the brokers, {describe(settings)}: {type(exc).__name__}: {exc}"
-            ) from None
+        # no guess if the brokers do not say: a guess could trust stale tables
+        retention_ms = asyncio.run(tombstone_retention_ms(settings))
     except KafkaConnectionError:
         problem = asyncio.run(connection_problem(settings))
         raise SystemExit(
             f"neardup worker: cannot connect to the brokers, {describe(settings)}: {problem}"
+        ) from None
+    except KafkaError as exc:  # a timeout, say
+        raise SystemExit(
+            f"neardup worker: the brokers did not answer the worker's topic requests, "
+            f"{describe(settings)}: {type(exc).__name__}: {exc}"
         ) from None
     freshness.MAX_AGE_S = freshness.max_age_s(retention_ms)
     log.info(

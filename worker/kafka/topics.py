@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,14 +103,11 @@ def _configs(
     return {}
 
 
-async def ensure_topics(settings: Settings, timeout_s: float = 60.0) -> list[str]:
-    """Create the worker's topics that do not exist yet; returns the ones created."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
-    from aiokafka.errors import TopicAlreadyExistsError  # type: ignore[import-untyped]
+@contextlib.asynccontextmanager
+async def _admin(settings: Settings, timeout_s: float) -> AsyncIterator[Any]:
+    """An aiokafka admin client on the worker's brokers, with its security settings."""
+    from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
 
-    names = TopicNames.of(settings)
-    wanted = names.partitions(settings)
-    fixed = names.fixed(settings)
     admin = AIOKafkaAdminClient(
         bootstrap_servers=settings.brokers,
         request_timeout_ms=int(timeout_s * 1000),
@@ -117,6 +115,20 @@ async def ensure_topics(settings: Settings, timeout_s: float = 60.0) -> list[str
     )
     await admin.start()
     try:
+        yield admin
+    finally:
+        await admin.close()
+
+
+async def ensure_topics(settings: Settings, timeout_s: float = 60.0) -> list[str]:
+    """Create the worker's topics that do not exist yet; returns the ones created."""
+    from aiokafka.admin import NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError  # type: ignore[import-untyped]
+
+    names = TopicNames.of(settings)
+    wanted = names.partitions(settings)
+    fixed = names.fixed(settings)
+    async with _admin(settings, timeout_s) as admin:
         existing = set(await admin.list_topics())
         missing = [
             NewTopic(
@@ -149,34 +161,23 @@ async def ensure_topics(settings: Settings, timeout_s: float = 60.0) -> list[str
                 "with, or a new NEARDUP_APP_ID (and a new state)."
             )
         return [t.name for t in missing]
-    finally:
-        await admin.close()
 
 
 async def tombstone_retention_ms(settings: Settings, timeout_s: float = 60.0) -> int:
     """How long the changelog topics keep deletions: the shortest ``delete.retention.ms``
     among them, the broker's default where a topic sets none, and the worker's own
     (``worker.kafka.app.CHANGELOG_CONFIGS``) for those Faust has not created yet."""
-    from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.admin.config_resource import (  # type: ignore[import-untyped]
         ConfigResource,
         ConfigResourceType,
     )
 
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.brokers,
-        request_timeout_ms=int(timeout_s * 1000),
-        **aiokafka_kwargs(settings),
-    )
-    await admin.start()
-    try:
-        names = TopicNames.of(settings).changelogs(settings)
-        wanted = {"delete.retention.ms": None}
+    names = TopicNames.of(settings).changelogs(settings)
+    wanted = {"delete.retention.ms": None}
+    async with _admin(settings, timeout_s) as admin:
         responses = await admin.describe_configs(
             [ConfigResource(ConfigResourceType.TOPIC, name, wanted) for name in names]
         )
-    finally:
-        await admin.close()
     return retention_of([resource for response in responses for resource in response.resources])
 
 
