@@ -59,6 +59,8 @@ from collections.abc import Generator, Iterable
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from worker.config import EngineConfig
 from worker.engine import STAGES, Analysed, Stats, analyse, refuse_unencodable
 from worker.fingerprint import Fingerprints
@@ -108,9 +110,19 @@ class _DeadlineError(Exception):
 
 
 def _dumps(obj: object) -> bytes:
-    # json, not orjson: its ASCII escapes carry a lone surrogate (a hand-built page's URL
-    # may hold one) both ways, where orjson refuses it; 30 us a page, a tenth of the pipe.
-    return json.dumps(obj).encode()
+    try:
+        return orjson.dumps(obj)
+    except orjson.JSONEncodeError:
+        # a lone surrogate (a hand-built page's URL may hold one), which orjson refuses:
+        # json's ASCII escapes carry it both ways (``_loads``)
+        return json.dumps(obj).encode()
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:  # a lone surrogate's escape, from ``_dumps``
+        return json.loads(data)
 
 
 def _frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
@@ -123,7 +135,7 @@ def _split_frame(frame: bytes) -> tuple[dict[str, Any], bytes]:
     head_len, payload_len = _FRAME.unpack_from(frame)
     if len(frame) != _FRAME.size + head_len + payload_len:
         raise ValueError("sandbox reply: the frame's length does not match its prefix")
-    header: dict[str, Any] = json.loads(frame[_FRAME.size : _FRAME.size + head_len])
+    header: dict[str, Any] = _loads(frame[_FRAME.size : _FRAME.size + head_len])
     return header, frame[_FRAME.size + head_len :]
 
 
@@ -233,7 +245,7 @@ def _read_exact_blocking(fd: int, n: int) -> bytes:
 
 def _read_frame_blocking(fd: int) -> tuple[dict[str, Any], bytes]:
     head_len, payload_len = _FRAME.unpack(_read_exact_blocking(fd, _FRAME.size))
-    header: dict[str, Any] = json.loads(_read_exact_blocking(fd, head_len))
+    header: dict[str, Any] = _loads(_read_exact_blocking(fd, head_len))
     return header, _read_exact_blocking(fd, payload_len)
 
 
@@ -316,7 +328,11 @@ def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
         page, utf8 = _page_from(header, payload)
         stats = Stats()
         result = _analyse_one(page, cfg, stats, utf8)
-        exhausted = bool(limit) and meter.peak_bytes() > limit - headroom
+        # How near the limit the page came (VmPeak) explains a failure; /proc/self/status
+        # costs several times /proc/self/statm, so a page analysed is not asked about it.
+        exhausted = (
+            bool(limit) and isinstance(result, Rejected) and meter.peak_bytes() > limit - headroom
+        )
         if (
             isinstance(result, Rejected)
             and result.reason is Reason.INTERNAL
@@ -328,7 +344,10 @@ def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
             detail = f"analysis needed more than {cfg.extract_max_mb} MiB ({result.detail})"
             result = Rejected(Reason.TOO_LARGE, detail[:500], page.page_id, page.url)
             exhausted = True
-        retire = exhausted or (bool(limit) and meter.vm_bytes()[1] > retire_rss)
+        retire = exhausted
+        if limit and not retire:  # memory the page left taken, which is not given back
+            size, resident = meter.vm_bytes()
+            retire = size > limit - headroom or resident > retire_rss
         _write_all_blocking(wfd, _result_frame(result, stats.seconds, retire))
         if retire:
             return

@@ -569,6 +569,18 @@ def test_sandbox_carries_any_string(rng: random.Random) -> None:
     assert isinstance(boxed, Analysed) and boxed == analyse(page, IN_PROCESS)
 
 
+def test_sandbox_frame_headers_carry_any_string_and_64_bit_numbers() -> None:
+    """Frame headers go as orjson's JSON, or as json's ASCII escapes when a string holds
+    a lone surrogate (orjson refuses those both ways): either reads back the same."""
+    from worker.sandbox import _frame, _split_frame
+
+    for header in (
+        {"url": "https://a.example.cn/新闻", "fp": 2**64 - 1, "s": [0.25, 1e-9], "n": None},
+        {"url": "https://a.example.cn/\ud800", "fp": 2**63, "t": "标题\udfff"},
+    ):
+        assert _split_frame(_frame(header, b"\x00body")) == (header, b"\x00body")
+
+
 def test_sandbox_frame_hands_decode_the_body_utf8_only_when_it_is_utf8(
     rng: random.Random,
 ) -> None:
