@@ -17,13 +17,16 @@ INDEX_PARAMS = (
     "keywords",
     "sketch_size",
 )
+#: Main-text extractors (``worker.extract``). ``fast`` is an alias of ``density``, the
+#: name configurations used before ``density`` had its own.
+EXTRACTORS = ("density", "fast", "resiliparse", "trafilatura")
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Everything that decides a page. Ranges are checked in ``__post_init__``."""
 
-    #: Main-text extractor: see ``worker.extract.EXTRACTORS``.
+    #: Main-text extractor, one of ``EXTRACTORS``.
     extractor: str = "density"
     #: Word segmenter: "rjieba" (jieba-rs, same dictionary) or "jieba".
     segmenter: str = "rjieba"
@@ -84,6 +87,10 @@ class EngineConfig:
     extract_max_mb: int = 1024
 
     def __post_init__(self) -> None:
+        if self.extractor not in EXTRACTORS:
+            raise ValueError(
+                f"extractor must be one of {', '.join(EXTRACTORS)}, not {self.extractor!r}"
+            )
         if self.segmenter not in ("rjieba", "jieba"):
             raise ValueError(f"segmenter must be 'rjieba' or 'jieba', not {self.segmenter!r}")
         if not 0 <= self.k1 <= self.k2 <= 32:
@@ -107,6 +114,8 @@ class EngineConfig:
         ):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1]")
+        if not 0.0 <= self.ccs_contain <= 1.0:  # 0: containment asks nothing of the strings
+            raise ValueError("ccs_contain must be in [0, 1]")
         if self.template_window < 100:
             raise ValueError("template_window must be >= 100 pages")
         if not 16 <= self.sketch_size <= 4096:

@@ -28,13 +28,15 @@ from typing import Final
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
+from worker import config
 from worker.records import Decoded, Extracted, Reason, Rejected
 
 #: The extractor used when none is named; see ``bench/extraction.py`` for why.
 DEFAULT_EXTRACTOR: Final = "density"
-#: ``fast`` is an alias of ``density``: the name ``EngineConfig`` used before this module
-#: existed. Prefer the real name, because it is what decisions record.
-EXTRACTORS: Final = ("density", "fast", "resiliparse", "trafilatura")
+#: The extractors by name (``worker.config.EXTRACTORS``, where ``EngineConfig`` checks
+#: the name without importing the parsers). Prefer ``density`` to its alias ``fast``:
+#: the name is what decisions record.
+EXTRACTORS: Final = config.EXTRACTORS
 
 # (title, raw lines before noise filtering, the page's prose-like blocks wherever they are)
 _Lines = tuple[str, list[str], list[str]]
