@@ -7,6 +7,7 @@ import contextlib
 import gzip
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -14,7 +15,7 @@ from dataclasses import fields
 from typing import IO, Any
 
 from worker import __version__
-from worker.config import EngineConfig
+from worker.config import EXTRACTORS, EngineConfig
 from worker.records import Rejected
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
@@ -31,7 +32,12 @@ def _config(pairs: Sequence[str], extractor: str | None) -> EngineConfig:
                 f"neardup: --set takes NAME=VALUE with NAME one of: {', '.join(known)}"
             )
         kind = type(getattr(cfg, name))
-        changes[name] = kind(value)
+        try:
+            changes[name] = kind(value)
+        except ValueError:
+            raise SystemExit(
+                f"neardup: bad engine setting: {name} takes {kind.__name__}, not {value!r}"
+            ) from None
     if extractor:
         changes["extractor"] = extractor
     try:
@@ -149,8 +155,6 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from worker.extract import EXTRACTORS
-
     parser = argparse.ArgumentParser(
         prog="neardup",
         description="Find near-duplicate Chinese web pages in crawled page files.",
@@ -214,7 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from worker.sources import STDIN
+
+    # before any output file is opened (and so emptied): a typo must not cost old results
+    missing = [p for p in args.pages if p != STDIN and not os.path.exists(p)]
+    if missing:
+        parser.error(f"no such input file: {', '.join(missing)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.cli import EXIT_FATAL, EXIT_REJECTED, main
+from worker.cli import EXIT_FATAL, EXIT_REJECTED, EXIT_USAGE, main
 from worker.contract import validate
 
 SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sample.jsonl"
@@ -117,9 +117,26 @@ def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
         assert option in text
 
 
-def test_bad_setting_is_a_usage_error(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="bad engine setting"):
-        main(["dedup", str(SAMPLE), "--out", str(tmp_path / "x"), "--set", "k1=9"])
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [("k1=9", "k1 <= k2"), ("k1=abc", "k1 takes int"), ("extractor=bogus", "extractor must be")],
+)
+def test_bad_setting_is_refused_with_a_message(tmp_path: Path, setting: str, says: str) -> None:
+    with pytest.raises(SystemExit, match=f"bad engine setting: .*{says}"):
+        main(["dedup", str(SAMPLE), "--out", str(tmp_path / "x"), "--set", setting])
+
+
+def test_a_missing_input_is_a_usage_error_that_leaves_the_output_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "decisions.jsonl"
+    out.write_text("an earlier run's decisions\n", encoding="utf-8")
+    for command in ("dedup", "extract"):
+        with pytest.raises(SystemExit) as exc:
+            main([command, str(SAMPLE), str(tmp_path / "typo.jsonl"), "--out", str(out)])
+        assert exc.value.code == EXIT_USAGE
+        assert "no such input file" in capsys.readouterr().err
+    assert out.read_text(encoding="utf-8") == "an earlier run's decisions\n"
 
 
 def test_installed_console_script_runs() -> None:
