@@ -331,3 +331,23 @@ def test_a_fatal_state_error_ends_the_worker_even_if_the_shutdown_hangs() -> Non
     )
     assert done.returncode == 1
     assert "fatal: cannot write the state (the shutdown hung for 0 s; exiting)" in done.stderr
+
+
+def test_the_worker_help_touches_no_broker_and_no_state(tmp_path: Path) -> None:
+    """``worker --help`` prints Faust's options and stops: it must not create topics
+    (a broker that answers would get them) nor prepare the state directory."""
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "NEARDUP_STATE_DIR": str(tmp_path / "state"),
+        "NEARDUP_BROKERS": "127.0.0.1:1",  # nothing listens: a start would fail on it
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.kafka", "worker", "--help"],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "--without-web" in done.stdout and "cannot connect" not in done.stderr
+    assert not (tmp_path / "state" / RUNNING_MARKER).exists()

@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     from worker.kafka.app import Worker
 
     worker = Worker(settings)
-    if argv[:1] == ["worker"]:
+    # help is only printed: no topics created, no state touched
+    if argv[:1] == ["worker"] and not {"-h", "--help"} & set(argv):
         from worker.kafka import tablekv
 
         armed: list[threading.Timer] = []
