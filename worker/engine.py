@@ -55,16 +55,25 @@ def page_pid(page_id: str) -> int:
     return hash64(page_id)
 
 
+# RFC 3339 allows a leap second and a lower-case "z"; fromisoformat takes neither.
+_LEAP_SECOND = re.compile(r"(?<=[Tt ]\d{2}:\d{2}:)60")
+
+
 def page_order(fetched_at: str) -> int:
-    """Milliseconds since the epoch of an RFC 3339 time (naive times are UTC)."""
-    ts = dt.datetime.fromisoformat(fetched_at.strip().replace("Z", "+00:00"))
+    """Milliseconds since the epoch of an RFC 3339 time (naive times are UTC). A leap
+    second (``23:59:60``) counts as the first moment of the next minute."""
+    text, leap = _LEAP_SECOND.subn("59", fetched_at.strip())
+    if text[-1:] in ("Z", "z"):
+        text = text[:-1] + "+00:00"
+    ts = dt.datetime.fromisoformat(text)
     if ts.tzinfo is None:
         ts = ts.replace(tzinfo=dt.UTC)
-    return int(ts.timestamp() * 1000)
+    return int(ts.timestamp() * 1000) + 1000 * leap
 
 
 def page_host(page: RawPage) -> str:
-    """The template filter's scope: the ``site`` field, else the URL's host."""
+    """The template filter's scope: the ``site`` field, else the URL's host. Raises
+    ``ValueError`` for a URL whose host cannot be read (``http://[::1/``)."""
     return page.site or (urlsplit(page.url).hostname or "").removeprefix("www.")
 
 
@@ -194,6 +203,10 @@ def analyse(  # noqa: PLR0911
         order = page_order(page.fetched_at)
     except ValueError as exc:
         return Rejected(Reason.SCHEMA, f"fetched_at: {exc}", page.page_id, page.url)
+    try:
+        host = page_host(page)
+    except ValueError as exc:
+        return Rejected(Reason.SCHEMA, f"url: {exc}", page.page_id, page.url)
     # parse_raw enforces the cap already; a page from any other source must not skip it
     if _over(page.body, cfg.max_bytes):
         detail = f"body is over {cfg.max_bytes} bytes"
@@ -228,7 +241,7 @@ def analyse(  # noqa: PLR0911
         page,
         page_pid(page.page_id),
         order,
-        page_host(page),
+        host,
         extracted.title.strip(),
         len(text.replace("\n", "")),
         fps,

@@ -27,7 +27,7 @@ from worker import cli
 from worker.config import EngineConfig
 from worker.contract import parse_raw, validate
 from worker.decode import decode
-from worker.engine import Analysed, Engine, Outcome, analyse
+from worker.engine import Analysed, Engine, Outcome, analyse, page_order
 from worker.extract import EXTRACTORS, extract
 from worker.records import Decoded, Extracted, RawPage, Reason, Rejected
 from worker.sandbox import Sandbox
@@ -613,6 +613,36 @@ def test_a_lone_surrogate_in_a_field_is_refused(
     good = parse_raw(good_line(rng, "https://ok.example.cn/n"), cfg.max_bytes)
     check_decided(engine.process(good))
     engine.close()
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[::1:bad/x", "http://news.example.cn\uff1a8080/a.html", "http://a.cn\uff0fb"]
+)
+def test_a_url_without_a_readable_host_is_a_schema_rejection(rng: random.Random, url: str) -> None:
+    """urlsplit raises on these (an open IPv6 bracket, a full-width colon or slash in the
+    host): the page is refused with the reason, not as an internal error."""
+    page = dataclasses.replace(_page(page_html(inputs.article(rng)), "id-1"), url=url)
+    check_rejected(analyse(page, IN_PROCESS), Reason.SCHEMA, "url: ")
+    # with a site, the host is not read from the URL
+    assert isinstance(analyse(dataclasses.replace(page, site="a.cn"), IN_PROCESS), Analysed)
+
+
+@pytest.mark.parametrize(
+    ("fetched_at", "same_as"),
+    [
+        ("2026-06-30T23:59:60Z", "2026-07-01T00:00:00Z"),  # a leap second
+        ("2026-06-30T23:59:60.5+08:00", "2026-06-30T16:00:00.5Z"),
+        ("2026-03-01t08:00:00z", "2026-03-01T08:00:00Z"),
+    ],
+)
+def test_every_rfc3339_time_the_contract_takes_orders_a_page(
+    rng: random.Random, fetched_at: str, same_as: str
+) -> None:
+    assert validate("raw", {"url": "https://a.cn/", "fetched_at": fetched_at,
+                                 "content_type": "text/html", "html": "x"}) == []  # fmt: skip
+    page = dataclasses.replace(_page(page_html(inputs.article(rng))), fetched_at=fetched_at)
+    out = analyse(page, IN_PROCESS)
+    assert isinstance(out, Analysed) and out.order == page_order(same_as)
 
 
 def test_sandbox_memory_limit(rng: random.Random) -> None:
