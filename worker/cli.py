@@ -8,6 +8,7 @@ import gzip
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -46,21 +47,56 @@ def _config(pairs: Sequence[str], extractor: str | None) -> EngineConfig:
         raise SystemExit(f"neardup: bad engine setting: {exc}") from exc
 
 
+class OutputError(Exception):
+    """An output file cannot be opened or written (a missing directory, a full disk)."""
+
+    def __init__(self, path: str, exc: OSError) -> None:
+        super().__init__(f"cannot write {path}: {exc.strerror or exc}")
+        self.broken_pipe = path == "-" and isinstance(exc, BrokenPipeError)
+
+
+class _Out:
+    """One output file of JSON lines; an OSError on it becomes an ``OutputError``."""
+
+    def __init__(self, path: str, fh: IO[str]) -> None:
+        self.path, self.fh = path, fh
+
+    def write(self, obj: dict[str, Any]) -> None:
+        try:
+            self.fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        except OSError as exc:
+            raise OutputError(self.path, exc) from exc
+
+
 @contextlib.contextmanager
-def _open_out(path: str | None) -> Iterator[IO[str] | None]:
+def _open_out(path: str | None) -> Iterator[_Out | None]:
     if path is None:
         yield None
-    elif path == "-":
-        yield sys.stdout
-    else:
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "wt", encoding="utf-8") as fh:
-            yield fh
+        return
+    if path == "-":
+        yield _Out(path, sys.stdout)
+        try:
+            sys.stdout.flush()
+        except OSError as exc:
+            raise OutputError(path, exc) from exc
+        return
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        fh = opener(path, "wt", encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(path, exc) from exc
+    try:
+        yield _Out(path, fh)
+    finally:
+        try:
+            fh.close()  # the last buffered lines are written here
+        except OSError as exc:
+            raise OutputError(path, exc) from exc
 
 
-def _write(fh: IO[str] | None, obj: dict[str, Any]) -> None:
-    if fh is not None:
-        fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
+def _write(out: _Out | None, obj: dict[str, Any]) -> None:
+    if out is not None:
+        out.write(obj)
 
 
 def _progress(total: int | None) -> Any:
@@ -88,31 +124,36 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     rejected = 0
     t0 = time.perf_counter()
     bar = _progress(None)
-    with (
-        _open_out(args.out) as out,
-        _open_out(args.merges) as merges,
-        _open_out(args.rejects) as rejects,
-    ):
-        for result in engine.process_many(iter_pages(args.pages, cfg.max_bytes)):
-            if isinstance(result, Rejected):
-                rejected += 1
-                _write(rejects, result.to_json())
-            else:
-                _write(out, result.decision)
-                seen[result.decision["page_id"]] = result.decision["url"]
-                for merge in result.merges:
-                    _write(merges, merge.to_json())
+    try:
+        with (
+            _open_out(args.out) as out,
+            _open_out(args.merges) as merges,
+            _open_out(args.rejects) as rejects,
+            _open_out(args.clusters) as clusters,  # opened now: a bad path fails first
+        ):
+            for result in engine.process_many(iter_pages(args.pages, cfg.max_bytes)):
+                if isinstance(result, Rejected):
+                    rejected += 1
+                    _write(rejects, result.to_json())
+                else:
+                    _write(out, result.decision)
+                    seen[result.decision["page_id"]] = result.decision["url"]
+                    for merge in result.merges:
+                        _write(merges, merge.to_json())
+                if bar is not None:
+                    bar.update(1)
             if bar is not None:
-                bar.update(1)
-    if bar is not None:
-        bar.close()
-    elapsed = time.perf_counter() - t0
-    if args.clusters:
-        with _open_out(args.clusters) as fh:
-            for page_id, url in seen.items():
-                cluster = engine.cluster_of(page_id)
-                _write(fh, {"page_id": page_id, "url": url, "cluster_id": cluster})
-    engine.close()
+                bar.close()
+                bar = None
+            elapsed = time.perf_counter() - t0
+            if clusters is not None:
+                for page_id, url in seen.items():
+                    cluster = engine.cluster_of(page_id)
+                    clusters.write({"page_id": page_id, "url": url, "cluster_id": cluster})
+    finally:  # also on an interrupt or an output error: the state closes whole
+        if bar is not None:
+            bar.close()
+        engine.close()
     st = engine.stats
     if not args.quiet:
         staged = sum(st.seconds[s] for s in STAGES) or 1.0
@@ -217,20 +258,56 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist (yet): compare the names
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors found before any output file is opened, and so emptied: a typo must
+    not cost the inputs or an earlier run's results."""
     from worker.sources import STDIN
 
-    # before any output file is opened (and so emptied): a typo must not cost old results
     missing = [p for p in args.pages if p != STDIN and not os.path.exists(p)]
     if missing:
         parser.error(f"no such input file: {', '.join(missing)}")
+    outputs = [
+        p for name in ("out", "clusters", "merges", "rejects")
+        if (p := getattr(args, name, None)) is not None and p != "-"
+    ]  # fmt: skip
+    for i, out in enumerate(outputs):
+        if any(_same_file(out, p) for p in args.pages if p != STDIN):
+            parser.error(f"{out} is both an input and an output")
+        if any(_same_file(out, other) for other in outputs[:i]):
+            parser.error(f"{out} is given for two outputs")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_paths(parser, args)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except OutputError as exc:
+        if exc.broken_pipe:  # the reader went away (``| head``): nothing more to say
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_FATAL
+        print(f"neardup: {exc}", file=sys.stderr)
+        return EXIT_FATAL
+    except KeyboardInterrupt:
+        print(
+            "neardup: interrupted; the decisions, merges and rejects written are whole lines "
+            "(--clusters is written only at the end), and --state is closed intact",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGINT
     return code
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,57 @@ def test_installed_console_script_runs() -> None:
     assert script.exists()
     out = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("neardup ")
+
+
+def test_outputs_that_would_destroy_data_are_usage_errors(tmp_path: Path) -> None:
+    pages = tmp_path / "pages.jsonl"
+    pages.write_bytes(SAMPLE.read_bytes())
+    for outputs in (
+        ["--out", str(pages)],  # would empty the input before reading it
+        ["--out", str(tmp_path / "a"), "--rejects", str(tmp_path / "a")],
+        ["--out", str(tmp_path / "a"), "--clusters", str(tmp_path / "." / "a")],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(["dedup", str(pages), *outputs])
+        assert exc.value.code == EXIT_USAGE
+    assert pages.read_bytes() == SAMPLE.read_bytes()
+
+
+def test_an_output_that_cannot_be_written_is_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for outputs in (
+        ["--out", str(tmp_path / "no-dir" / "d.jsonl")],
+        ["--out", "/dev/full"],
+        ["--out", str(tmp_path / "d.jsonl"), "--clusters", str(tmp_path / "no-dir" / "c")],
+    ):
+        assert main(["dedup", str(SAMPLE), *outputs, "-q"]) == EXIT_FATAL
+        assert "neardup: cannot write " in capsys.readouterr().err
+
+
+def test_an_interrupt_leaves_whole_lines_and_a_state_to_continue_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from worker import sources
+
+    original = sources.iter_pages
+
+    def interrupted(paths: list[str], max_bytes: int) -> Iterator[object]:
+        for i, page in enumerate(original(paths, max_bytes)):
+            if i == 6:
+                raise KeyboardInterrupt
+            yield page
+
+    monkeypatch.setattr(sources, "iter_pages", interrupted)
+    out, state = tmp_path / "d.jsonl", tmp_path / "state"
+    assert main(["dedup", str(SAMPLE), "--out", str(out), "--state", str(state), "-q"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    first = read(out)  # whole JSON lines only
+    assert 0 < len(first) <= 6
+    monkeypatch.setattr(sources, "iter_pages", original)
+    again = tmp_path / "again.jsonl"
+    main(["dedup", str(SAMPLE), "--out", str(again), "--state", str(state), "-q"])
+    redone = {d["page_id"]: d for d in read(again)}
+    for d in first:  # the pages decided before are answered the same
+        assert redone[str(d["page_id"])]["decision"] == d["decision"]
+        assert redone[str(d["page_id"])]["duplicate_of"] == d["duplicate_of"]
