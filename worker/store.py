@@ -60,6 +60,14 @@ class MemoryKV:
         for k in [k for k in self.data if k.startswith(prefix)]:
             del self.data[k]
 
+    def write(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
+        """Puts (a value) and deletes (None), in order."""
+        for k, v in records:
+            if v is None:
+                self.data.pop(k, None)
+            else:
+                self.data[k] = v
+
     def close(self) -> None:
         pass
 
@@ -101,6 +109,18 @@ class RocksKV:
         batch = WriteBatch(raw_mode=True)
         for k in keys:
             batch.delete(k)
+        self._db.write(batch)
+
+    def write(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
+        """Puts (a value) and deletes (None), in order, in one atomic batch."""
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        for k, v in records:
+            if v is None:
+                batch.delete(k)
+            else:
+                batch.put(k, v)
         self._db.write(batch)
 
     def delete_prefix(self, prefix: bytes) -> None:

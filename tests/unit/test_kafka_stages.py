@@ -304,19 +304,21 @@ def test_journal_writes_the_page_record_last_and_redoes_a_cut_page() -> None:
     kv.put_many([(b"M\x01", b"record"), (b"P\x01", b"bucket")])
     kv.delete_prefix(b"Told")
 
-    written: list[bytes] = []
+    batches: list[list[tuple[bytes, bytes | None]]] = []
 
     class Recording(ScanMemoryKV):
-        def put_many(self, items: Any) -> None:
-            items = list(items)
-            written.extend(k for k, _ in items)
-            super().put_many(items)
+        def write(self, records: Any) -> None:
+            batches.append(list(records))
+            super().write(records)
 
     recording = Recording()
     recording.data = inner.data
     kv.inner = recording
     kv.apply(7)
-    assert written == [JOURNAL_KEY, b"P\x01", b"M\x01"]
+    # one batch: the journal first, the prefix as the keys under it, the record last
+    [batch] = batches
+    assert [k for k, v in batch if v is not None] == [JOURNAL_KEY, b"P\x01", b"M\x01"]
+    assert [k for k, v in batch if v is None] == [b"Told1", b"Told2"]
     assert b"Told1" not in inner.data and inner.data[b"M\x01"] == b"record"
 
     # a crash after the journal: the step's writes are made again from it
@@ -614,6 +616,11 @@ class LoggedKV(ScanMemoryKV):
 
     def delete_prefix(self, prefix: bytes) -> None:
         self.delete_many([k for k in self.data if k.startswith(prefix)])
+
+    def write(self, records: Any) -> None:
+        records = list(records)
+        self.log += [("put", k, v) if v is not None else ("del", k, None) for k, v in records]
+        super().write(records)
 
     def prefix(self, n: int) -> ScanMemoryKV:
         kv = ScanMemoryKV()

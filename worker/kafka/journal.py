@@ -95,14 +95,16 @@ class JournalKV:
     def discard(self) -> None:
         self._ops.clear()
 
+    def write(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
+        self._ops.extend((_PUT, k, v) if v is not None else (_DELETE, k, None) for k, v in records)
+
     def apply(self, tag: int) -> None:
-        """Write the journal, then the held writes (the page record last)."""
+        """Write the journal, then the held writes (the page record last), in one batch."""
         ops = _ordered(self._ops)
         self._ops = []
         if not ops:
             return
-        self.inner.put_many([(JOURNAL_KEY, encode_ops(tag, ops))])
-        self._write(ops)
+        self._write(ops, [(JOURNAL_KEY, encode_ops(tag, ops))])
 
     def redo_last(self) -> bool:
         """Rewrite the last journalled step (at start-up: a crash may have cut it short).
@@ -116,20 +118,17 @@ class JournalKV:
         self._write(ops)
         return True
 
-    def _write(self, ops: list[Op]) -> None:
-        inner = self.inner
-        i = 0
-        while i < len(ops):
-            kind = ops[i][0]
-            j = i
-            while j < len(ops) and ops[j][0] == kind:
-                j += 1
-            run = ops[i:j]
+    def _write(self, ops: list[Op], first: list[tuple[bytes, bytes | None]] | None = None) -> None:
+        """``ops`` (after ``first``) as one ``write`` of the inner store: a prefix deleted
+        becomes the deletes of the keys under it, those stored and those put before it."""
+        records = first or []
+        for kind, key, value in ops:
             if kind == _PUT:
-                inner.put_many((k, v) for _, k, v in run if v is not None)
+                records.append((key, value))
             elif kind == _DELETE:
-                inner.delete_many(k for _, k, _ in run)
+                records.append((key, None))
             else:
-                for _, prefix, _ in run:
-                    inner.delete_prefix(prefix)
-            i = j
+                under = [k for k, _ in self.inner.scan(key)]
+                under += [k for k, v in records if v is not None and k.startswith(key)]
+                records.extend((k, None) for k in dict.fromkeys(under))
+        self.inner.write(records)

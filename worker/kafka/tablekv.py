@@ -55,9 +55,14 @@ class StateInconsistentError(RuntimeError):
 
 
 class ScanKV(KV, Protocol):
-    """A ``KV`` that can also list the items under a key prefix, in key order."""
+    """A ``KV`` that can also list the items under a key prefix, in key order, and write
+    puts and deletes together."""
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def write(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
+        """Puts (a value) and deletes (None), in order; one atomic batch where the store
+        has them."""
 
 
 @contextmanager
@@ -402,6 +407,16 @@ class TableKV:
 
     def delete_prefix(self, prefix: bytes) -> None:
         self.delete_many([k for k, _ in self.scan(prefix)])
+
+    def write(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
+        records = list(records)
+        if records and not self._write(records):
+            table = self.table
+            for key, value in records:
+                if value is not None:
+                    table[key] = value
+                elif key in table:
+                    del table[key]
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         rocks = self._rocks()
