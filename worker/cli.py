@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from worker import __version__
 from worker.config import EXTRACTORS, EngineConfig
-from worker.records import Rejected
+from worker.records import Extracted, Rejected
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 
@@ -169,30 +169,43 @@ def cmd_dedup(args: argparse.Namespace) -> int:
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
-    from worker.decode import decode
-    from worker.extract import extract
+    from worker.engine import extract_page
+    from worker.sandbox import Sandbox
     from worker.sources import iter_pages
 
-    cfg = _config([], args.extractor)
+    cfg = _config(args.set, args.extractor)
+    items = iter_pages(args.pages, cfg.max_bytes)
     rejected = 0
-    with _open_out(args.out) as out, _open_out(args.rejects) as rejects:
-        for item in iter_pages(args.pages, cfg.max_bytes):
-            decoded = item if isinstance(item, Rejected) else decode(item)
-            result = decoded if isinstance(decoded, Rejected) else extract(decoded, cfg.extractor)
+    with contextlib.ExitStack() as stack:
+        if cfg.extract_timeout_s > 0:
+            # the engine's sandbox, with its limits: a hostile page is rejected (timeout,
+            # too_large) instead of stalling the run or taking it down
+            results: Iterator[tuple[object, Extracted | Rejected]] = stack.enter_context(
+                Sandbox(cfg)
+            ).extracted(items)
+        else:
+            results = ((i, i if isinstance(i, Rejected) else extract_page(i, cfg)) for i in items)
+        out = stack.enter_context(_open_out(args.out))
+        rejects = stack.enter_context(_open_out(args.rejects))
+        for _, result in results:
             if isinstance(result, Rejected):
                 rejected += 1
                 _write(rejects, result.to_json())
                 continue
-            _write(
-                out,
-                {
-                    "page_id": result.page.page_id,
-                    "url": result.page.url,
-                    "title": result.title,
-                    "text": result.text,
-                },
-            )
+            page = result.page
+            head = {"page_id": page.page_id, "url": page.url, "title": result.title}
+            _write(out, {**head, "text": result.text})
     return EXIT_REJECTED if rejected else EXIT_OK
+
+
+def _add_set(parser: argparse.ArgumentParser, example: str) -> None:
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help=f"an engine parameter, e.g. --set {example} (see the README's table)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,25 +248,22 @@ def build_parser() -> argparse.ArgumentParser:
         "directory continues against this run's pages (default: in memory)",
     )
     d.add_argument("--extractor", choices=sorted(EXTRACTORS), help="main-text extractor")
-    d.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="an engine parameter, e.g. --set k1=3 (see the README's table)",
-    )
+    _add_set(d, "k1=3")
     d.add_argument("-q", "--quiet", action="store_true", help="no summary on standard error")
     d.set_defaults(func=cmd_dedup)
 
     e = sub.add_parser(
         "extract",
         help="write the title and main text of each page",
-        description="Decode and extract each page; write {page_id, url, title, text} lines.",
+        description="Decode and extract each page; write {page_id, url, title, text} lines. "
+        "Each page is extracted in the sandbox, under the engine's time and memory limits "
+        "(extract_timeout_s, extract_max_mb).",
     )
     e.add_argument("pages", nargs="+", metavar="PAGES", help=pages_help)
     e.add_argument("--out", required=True, help="output JSONL ('-' for standard output)")
     e.add_argument("--rejects", help="write rejected pages with their reasons")
     e.add_argument("--extractor", choices=sorted(EXTRACTORS), help="main-text extractor")
+    _add_set(e, "extract_timeout_s=2")
     e.set_defaults(func=cmd_extract)
     return parser
 

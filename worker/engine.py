@@ -35,7 +35,7 @@ from worker.fingerprint import (
 )
 from worker.index import KVIndex, make_entry
 from worker.normalise import normalise_many
-from worker.records import RawPage, Reason, Rejected, utc_now
+from worker.records import Extracted, RawPage, Reason, Rejected, utc_now
 from worker.store import KV, BufferedKV
 from worker.template import TemplateFilter
 
@@ -249,6 +249,19 @@ def analyse(  # noqa: PLR0911
         decoded.layer,
         prose_strings=prose,
     )
+
+
+def extract_page(
+    page: RawPage, cfg: EngineConfig, stats: Stats | None = None, utf8: bytes | None = None
+) -> Extracted | Rejected:
+    """Decode and extract one page: ``analyse``'s first stages, for ``neardup extract``."""
+    st = stats or Stats()
+    with st.timed("decode"):
+        decoded = decode(page, utf8)
+    if isinstance(decoded, Rejected):
+        return decoded
+    with st.timed("extract"):
+        return extract(decoded, cfg.extractor)
 
 
 def internal_rejection(page: RawPage, exc: Exception) -> Rejected:

@@ -1,4 +1,5 @@
-"""Bounded analysis: ``analyse`` in a child process, with a time and a memory limit.
+"""Bounded analysis: ``analyse`` (or, for ``neardup extract``, only ``extract_page``) in a
+child process, with a time and a memory limit.
 
 One hostile page (an attribute flood that lexbor parses in quadratic time, a text that
 takes seconds to segment, a parser bug that loops) must not hold a partition past the
@@ -62,9 +63,9 @@ from typing import Any
 import orjson
 
 from worker.config import EngineConfig
-from worker.engine import STAGES, Analysed, Stats, analyse, refuse_unencodable
+from worker.engine import STAGES, Analysed, Stats, analyse, extract_page, refuse_unencodable
 from worker.fingerprint import Fingerprints
-from worker.records import RawPage, Reason, Rejected
+from worker.records import Extracted, RawPage, Reason, Rejected
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,11 @@ START_TIMEOUT_S = 120.0
 RETIRE_SHARE = 0.5
 #: Pipe buffer asked for (Linux caps it at /proc/sys/fs/pipe-max-size, 1 MiB by default).
 PIPE_BYTES = 1 << 20
+
+# What a worker does with a page: ``analyse`` it (the engine), or only ``extract`` its
+# title and text (``neardup extract``).
+ANALYSE, EXTRACT = "analyse", "extract"
+_Result = Analysed | Extracted | Rejected
 
 # A frame: two big-endian lengths, then a JSON header and a byte payload of those lengths.
 _FRAME = struct.Struct(">II")
@@ -139,7 +145,7 @@ def _split_frame(frame: bytes) -> tuple[dict[str, Any], bytes]:
     return header, frame[_FRAME.size + head_len :]
 
 
-def _page_frame(page: RawPage) -> bytes:
+def _page_frame(page: RawPage, job: str = ANALYSE) -> bytes:
     body: bytes
     text = isinstance(page.body, str)
     if isinstance(page.body, str):
@@ -156,6 +162,7 @@ def _page_frame(page: RawPage) -> bytes:
         "content_type": page.content_type,
         "site": page.site,
         "text": text,
+        "job": job,
     }
     return _frame(header, body)
 
@@ -188,10 +195,13 @@ _ANALYSED_FIELDS = tuple(
 )
 
 
-def _result_frame(result: Analysed | Rejected, seconds: dict[str, float], retire: bool) -> bytes:
+def _result_frame(result: _Result, seconds: dict[str, float], retire: bool) -> bytes:
     header: dict[str, Any] = {"seconds": seconds, "retire": retire}
     if isinstance(result, Rejected):
         header["rejected"] = {"reason": str(result.reason), "detail": result.detail}
+        return _frame(header)
+    if isinstance(result, Extracted):
+        header["extracted"] = {"title": result.title, "paragraphs": result.paragraphs}
         return _frame(header)
     blobs: list[bytes] = []
     fps: dict[str, Any] = {}
@@ -207,11 +217,14 @@ def _result_frame(result: Analysed | Rejected, seconds: dict[str, float], retire
     return _frame(header, b"".join(blobs))
 
 
-def _result_from(header: dict[str, Any], payload: bytes, page: RawPage) -> Analysed | Rejected:
+def _result_from(header: dict[str, Any], payload: bytes, page: RawPage) -> _Result:
     """The child's answer for ``page``; the page itself is the parent's own copy."""
     if "rejected" in header:
         rej = header["rejected"]
         return Rejected(Reason(rej["reason"]), str(rej["detail"]), page.page_id, page.url)
+    if "extracted" in header:
+        ext = header["extracted"]
+        return Extracted(page, str(ext["title"]), tuple(str(p) for p in ext["paragraphs"]))
     fps: dict[str, Any] = {}
     at = 0
     for name, value in header["fps"].items():
@@ -301,9 +314,11 @@ def _limit_memory(max_mb: int, meter: _Meter) -> int:
 
 
 def _analyse_one(
-    page: RawPage, cfg: EngineConfig, stats: Stats, utf8: bytes | None = None
-) -> Analysed | Rejected:
+    page: RawPage, cfg: EngineConfig, stats: Stats, utf8: bytes | None = None, job: str = ANALYSE
+) -> _Result:
     try:
+        if job == EXTRACT:
+            return extract_page(page, cfg, stats, utf8)
         return analyse(page, cfg, stats, utf8)
     except MemoryError:
         detail = f"analysis needed more than {cfg.extract_max_mb} MiB"
@@ -327,7 +342,7 @@ def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
             return
         page, utf8 = _page_from(header, payload)
         stats = Stats()
-        result = _analyse_one(page, cfg, stats, utf8)
+        result = _analyse_one(page, cfg, stats, utf8, header.get("job", ANALYSE))
         # How near the limit the page came (VmPeak) explains a failure; /proc/self/status
         # costs several times /proc/self/statm, so a page analysed is not asked about it.
         exhausted = (
@@ -631,7 +646,7 @@ class _Pending:
     item: Any
     #: The page's frame, None for an item that needs no worker.
     frame: bytes | None = None
-    result: Analysed | Rejected | None = None
+    result: _Result | None = None
     #: Whether the current worker has its frame (a new worker needs it written again).
     sent: bool = False
     #: When it was written (monotonic seconds).
@@ -711,6 +726,30 @@ class Sandbox:
         ``analyse`` is; an item that is already a ``Rejected`` comes back as its own result.
         Reads up to ``LOOKAHEAD`` pages ahead of the one it hands back. Never raises for a
         page: when no worker can be started, the page is rejected as ``internal``."""
+        answers = self._stream(items, ANALYSE, stats)
+        try:
+            for item, result in answers:
+                assert not isinstance(result, Extracted)
+                yield item, result
+        finally:
+            answers.close()
+
+    def extracted(
+        self, items: Iterable[RawPage | Rejected]
+    ) -> Generator[tuple[RawPage | Rejected, Extracted | Rejected], None, None]:
+        """``(item, extract_page(item))`` for each page of ``items``, bounded as
+        ``stream`` bounds the analysis."""
+        answers = self._stream(items, EXTRACT, None)
+        try:
+            for item, result in answers:
+                assert not isinstance(result, Analysed)
+                yield item, result
+        finally:
+            answers.close()
+
+    def _stream(
+        self, items: Iterable[RawPage | Rejected], job: str, stats: Stats | None
+    ) -> Generator[tuple[RawPage | Rejected, _Result], None, None]:
         source = iter(items)
         queue: deque[_Pending] = deque()
         more = True
@@ -721,7 +760,7 @@ class Sandbox:
                     if item is None:
                         more = False
                     else:
-                        queue.append(self._pending(item))
+                        queue.append(self._pending(item, job))
                 if not queue:
                     return
                 head = queue[0]
@@ -738,14 +777,14 @@ class Sandbox:
                 self._drop_worker()
 
     @staticmethod
-    def _pending(item: RawPage | Rejected) -> _Pending:
+    def _pending(item: RawPage | Rejected, job: str) -> _Pending:
         if isinstance(item, Rejected):
             return _Pending(item, result=item)
         refused = refuse_unencodable(item)  # here too: the sandbox's own dead letters
         if refused is not None:
             return _Pending(item, result=refused)
         try:
-            return _Pending(item, _page_frame(item))
+            return _Pending(item, _page_frame(item, job))
         except Exception as exc:  # no memory for the frame: the page, not the stream, fails
             log.exception("page %s (%s): no frame for the sandbox", item.page_id, item.url)
             detail = f"{type(exc).__name__}: {exc}"[:500]

@@ -802,10 +802,10 @@ def test_sandbox_stream_a_page_without_a_frame_fails_alone(
 
     build = sandbox_module._page_frame
 
-    def frame(page: RawPage) -> bytes:
+    def frame(page: RawPage, job: str) -> bytes:
         if page.page_id == "huge":
             raise MemoryError("no memory for the frame")
-        return build(page)
+        return build(page, job)
 
     monkeypatch.setattr(sandbox_module, "_page_frame", frame)
     items = [_page(page_html(inputs.article(rng)), f"p{i}") for i in range(4)]
@@ -925,3 +925,25 @@ def test_neardup_dedup_keeps_going_over_every_bad_input(
     assert reasons[:8] == ["bad_json", "bad_json", "schema", "bad_base64", "not_html",
                            "not_html", "no_text", "too_large"]  # fmt: skip
     assert entity_server[1] == []
+
+
+def test_extract_command_bounds_each_page_as_dedup_does(rng: random.Random, tmp_path: Path) -> None:
+    """``neardup extract`` runs in the sandbox too: a page that would parse for minutes is
+    rejected as ``timeout``, and the pages after it are extracted as in this process."""
+    lines = [good_line(rng, "https://a.example.cn/1"),
+             line(message("https://a.example.cn/flood", inputs.attribute_flood(300_000))),
+             good_line(rng, "https://a.example.cn/2")]  # fmt: skip
+    src = tmp_path / "pages.jsonl"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    runs = {}
+    for timeout in ("0.5", "0"):
+        out, rejects = tmp_path / f"out{timeout}", tmp_path / f"rejects{timeout}"
+        argv = ["extract", str(src), "--out", str(out), "--rejects", str(rejects)]
+        if timeout == "0":  # in this process, unbounded: only the good pages
+            src.write_bytes(b"\n".join([lines[0], lines[2]]) + b"\n")
+        assert cli.main([*argv, "--set", f"extract_timeout_s={timeout}"]) in (0, 3)
+        runs[timeout] = out.read_text(encoding="utf-8")
+        if timeout == "0.5":
+            [rejected] = [json.loads(r) for r in rejects.read_text().splitlines()]
+            assert rejected["reason"] == "timeout" and rejected["url"].endswith("/flood")
+    assert runs["0.5"] == runs["0"] and len(runs["0"].splitlines()) == 2
