@@ -49,12 +49,22 @@ def iter_pages(paths: Sequence[str], max_bytes: int) -> Iterator[RawPage | Rejec
     """
     missing = [p for p in paths if p != STDIN and not os.path.exists(p)]
     if missing:
-        raise FileNotFoundError(f"no such input file: {', '.join(missing)}")
+        raise FileNotFoundError(f"no such input file: {', '.join(map(_shown_path, missing))}")
     for path in paths:
         if path == STDIN:
             yield from _jsonl_pages(sys.stdin.buffer, "<stdin>", max_bytes)
         else:
             yield from _file_pages(path, max_bytes)
+
+
+def _shown_path(path: str) -> str:
+    """``path`` as text that is valid UTF-8, for a message: a file name may hold any bytes,
+    and those that are not UTF-8 are shown as ``\\xNN``."""
+    try:
+        raw = os.fsencode(path)  # undoes the surrogate escapes of argv and os.listdir
+    except UnicodeEncodeError:  # a lone surrogate that no file name decodes to
+        return path.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def _sniff(path: str) -> tuple[bool, bool]:
@@ -69,16 +79,19 @@ def _sniff(path: str) -> tuple[bool, bool]:
 
 
 def _file_pages(path: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
+    # A detail holding the path as given would not encode as UTF-8, and the reject could
+    # not be written (found by a review of hostile input: a file named b"bad\xffname").
+    name = _shown_path(path)
     try:
         gzipped, warc = _sniff(path)
     except _STREAM_ERRORS as exc:
-        yield _bad_input(f"{path}: cannot read: {_say(exc)}")
+        yield _bad_input(f"{name}: cannot read: {_say(exc)}")
         return
     if warc:
-        yield from _warc_file_pages(path, max_bytes)
+        yield from _warc_file_pages(path, name, max_bytes)
         return
     with _gunzipped(path) if gzipped else open(path, "rb") as stream:
-        yield from _jsonl_pages(stream, path, max_bytes)
+        yield from _jsonl_pages(stream, name, max_bytes)
 
 
 class _Inflater(io.RawIOBase):
@@ -143,15 +156,15 @@ def _gunzipped(path: str) -> io.BufferedReader:
     return io.BufferedReader(_Inflater(open(path, "rb")), buffer_size=1 << 20)
 
 
-def _warc_file_pages(path: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
+def _warc_file_pages(path: str, name: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
     # warcio reads a .warc.gz member by member, which keeps the records before a damaged
     # or truncated member. It refuses a WARC gzipped whole as one member; that file is then
     # read again through GzipFile, past the records already given.
     with open(path, "rb") as fh:
-        done = yield from _warc_pages(fh, path, max_bytes, skip=0)
+        done = yield from _warc_pages(fh, path, name, max_bytes, skip=0)
     if done is not None:
         with gzip.open(path, "rb") as fh:
-            yield from _warc_pages(fh, path, max_bytes, skip=done)
+            yield from _warc_pages(fh, path, name, max_bytes, skip=done)
 
 
 def _say(exc: BaseException) -> str:
@@ -195,7 +208,7 @@ def _skip_rest_of_line(stream: _Lines, chunk: int) -> None:
 
 
 def _warc_pages(
-    stream: _Lines, name: str, max_bytes: int, skip: int
+    stream: _Lines, path: str, name: str, max_bytes: int, skip: int
 ) -> Generator[RawPage | Rejected, None, int | None]:
     """Pages of the records after the first ``skip``. Returns None when done, or the number
     of records read if warcio found one gzip member holding several records."""
@@ -210,7 +223,7 @@ def _warc_pages(
             record = next(records)
         except StopIteration:
             if skip == 0:  # offsets are of the file itself only on the first pass
-                lost = _unread_tail(name, archive.member_info)
+                lost = _unread_tail(path, archive.member_info)
                 if lost:
                     yield _bad_input(
                         f"{name}: {lost} bytes after WARC record {number - 1} could not be "

@@ -140,6 +140,20 @@ def test_a_missing_input_is_a_usage_error_that_leaves_the_output_alone(
     assert out.read_text(encoding="utf-8") == "an earlier run's decisions\n"
 
 
+def test_a_reject_from_a_file_whose_name_is_not_utf8_is_written(tmp_path: Path) -> None:
+    import os
+
+    # found by a review of hostile input: the first reject raised UnicodeEncodeError
+    name = Path(os.fsdecode(bytes(tmp_path) + b"/pages\xff.jsonl"))
+    name.write_bytes(b'{"broken\n' + SAMPLE.read_bytes().splitlines(keepends=True)[0])
+    out, rj = tmp_path / "d.jsonl", tmp_path / "r.jsonl"
+    code = main(["dedup", str(name), "--out", str(out), "--rejects", str(rj), "-q"])
+    assert code == EXIT_REJECTED
+    [reject] = read(rj)
+    assert str(reject["detail"]).startswith(f"{tmp_path}/pages\\xff.jsonl:1: ")
+    assert len(read(out)) == 1
+
+
 def test_installed_console_script_runs() -> None:
     import subprocess
     import sys

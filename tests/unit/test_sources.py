@@ -7,6 +7,7 @@ import functools
 import gzip
 import io
 import json
+import os
 import random
 import sys
 from collections.abc import Iterable
@@ -132,6 +133,17 @@ def test_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
     stdin = io.TextIOWrapper(io.BytesIO(jsonl_line(1) + jsonl_line(2)))
     monkeypatch.setattr(sys, "stdin", stdin)
     assert urls(iter_pages(["-"], LIMIT)) == ["https://example.cn/1", "https://example.cn/2"]
+
+
+def test_a_file_name_that_is_not_utf8_is_shown_escaped(tmp_path: Path) -> None:
+    # os.fsdecode gives the str that argv would hold: the 0xff byte as a lone surrogate
+    path = Path(os.fsdecode(bytes(tmp_path) + b"/\xe5\x9f\x8e\xff.jsonl"))  # "城" then 0xff
+    path.write_bytes(b'{"broken\n' + jsonl_line(1))
+    items = read(path)
+    assert urls(items) == ["bad_json:None", "https://example.cn/1"]
+    assert isinstance(items[0], Rejected)
+    assert items[0].detail.startswith(f"{tmp_path}/城\\xff.jsonl:1: ")
+    items[0].detail.encode("utf-8")  # a reject the CLI can write
 
 
 def test_missing_file_is_an_operator_error(tmp_path: Path) -> None:
