@@ -1,8 +1,8 @@
 """Raw pages from files: JSONL (plain or gzip) and WARC (plain or gzip), in order.
 
 The format is told by content, not by name: gzip by its magic bytes, WARC by ``WARC/`` at
-the start of the (decompressed) stream; anything else is read as JSONL. ``-`` is stdin,
-read as plain JSONL.
+the start of the (decompressed) stream; anything else is read as JSONL, a UTF-8 byte order
+mark at its start skipped. ``-`` is stdin, read as plain JSONL.
 Broken input becomes ``Rejected`` records; a file that cannot be read on stops with one.
 """
 
@@ -26,6 +26,7 @@ STDIN = "-"
 _GZIP_MAGIC = b"\x1f\x8b"
 _GZIP_WBITS = 31  # zlib's window bits for a gzip header and trailer
 _WARC_MAGIC = b"WARC/"
+_UTF8_BOM = b"\xef\xbb\xbf"
 _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _WHOLE_FILE_GZIP = "non-chunked gzip"  # in warcio's ArchiveLoadFailed for such a file
 # What a damaged gzip stream or file raises while being read.
@@ -192,6 +193,8 @@ def _jsonl_pages(stream: _Lines, name: str, max_bytes: int) -> Iterator[RawPage 
         if not line:
             return
         lineno += 1
+        if lineno == 1 and line.startswith(_UTF8_BOM):
+            line = line[len(_UTF8_BOM) :]  # RFC 8259 lets a parser ignore one; editors add it
         if not line.strip():
             continue
         result = parse_raw(line, max_bytes)

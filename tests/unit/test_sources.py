@@ -63,6 +63,21 @@ def test_jsonl_in_order_blank_lines_skipped(tmp_path: Path) -> None:
     assert urls(read(path)) == [f"https://example.cn/{n}" for n in (1, 2, 3)]
 
 
+def test_jsonl_a_byte_order_mark_at_the_start_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bom = "\ufeff".encode()
+    data = bom + jsonl_line(1) + bom + jsonl_line(2)  # only the first is a BOM; then an error
+    expected = ["https://example.cn/1", "bad_json:https://example.cn/2"]
+    plain, gz = tmp_path / "bom.jsonl", tmp_path / "bom.jsonl.gz"
+    plain.write_bytes(data)
+    gz.write_bytes(gzip.compress(data))
+    assert urls(read(plain)) == expected
+    assert urls(read(gz)) == expected
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert urls(iter_pages(["-"], LIMIT)) == expected
+
+
 def test_jsonl_gzip_detected_by_content_not_name(tmp_path: Path) -> None:
     path = tmp_path / "pages.txt"
     path.write_bytes(gzip.compress(jsonl_line(1) + jsonl_line(2)))
