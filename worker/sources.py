@@ -23,6 +23,7 @@ from worker.contract import derive_page_id, max_line_bytes, parse_raw
 from worker.records import RawPage, Reason, Rejected
 
 STDIN = "-"
+_STDIN_NAME = "<stdin>"  # in details
 _GZIP_MAGIC = b"\x1f\x8b"
 _GZIP_WBITS = 31  # zlib's window bits for a gzip header and trailer
 _WARC_MAGIC = b"WARC/"
@@ -53,9 +54,16 @@ def iter_pages(paths: Sequence[str], max_bytes: int) -> Iterator[RawPage | Rejec
         raise FileNotFoundError(f"no such input file: {', '.join(map(_shown_path, missing))}")
     for path in paths:
         if path == STDIN:
-            yield from _jsonl_pages(sys.stdin.buffer, "<stdin>", max_bytes)
+            yield from _stdin_pages(max_bytes)
         else:
             yield from _file_pages(path, max_bytes)
+
+
+def _stdin_pages(max_bytes: int) -> Iterator[RawPage | Rejected]:
+    if sys.stdin is None:  # started with descriptor 0 closed (found by a review: `<&-`)
+        yield _bad_input(f"{_STDIN_NAME}: cannot read: standard input is closed")
+        return
+    yield from _jsonl_pages(sys.stdin.buffer, _STDIN_NAME, max_bytes)
 
 
 def _shown_path(path: str) -> str:

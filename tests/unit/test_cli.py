@@ -154,6 +154,15 @@ def test_a_reject_from_a_file_whose_name_is_not_utf8_is_written(tmp_path: Path) 
     assert len(read(out)) == 1
 
 
+def test_closed_stdin_is_a_reject_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin", None)  # `neardup dedup - <&-`
+    out, rj = tmp_path / "d.jsonl", tmp_path / "r.jsonl"
+    assert main(["dedup", "-", "--out", str(out), "--rejects", str(rj), "-q"]) == EXIT_REJECTED
+    assert [r["reason"] for r in read(rj)] == ["bad_input"]
+
+
 def test_installed_console_script_runs() -> None:
     import subprocess
     import sys

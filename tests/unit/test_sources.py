@@ -150,6 +150,13 @@ def test_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
     assert urls(iter_pages(["-"], LIMIT)) == ["https://example.cn/1", "https://example.cn/2"]
 
 
+def test_closed_stdin_is_a_reject(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", None)  # what Python sets when descriptor 0 is closed
+    [reject] = iter_pages(["-"], LIMIT)
+    assert isinstance(reject, Rejected) and reject.reason is Reason.BAD_INPUT
+    assert reject.detail == "<stdin>: cannot read: standard input is closed"
+
+
 def test_a_file_name_that_is_not_utf8_is_shown_escaped(tmp_path: Path) -> None:
     # os.fsdecode gives the str that argv would hold: the 0xff byte as a lone surrogate
     path = Path(os.fsdecode(bytes(tmp_path) + b"/\xe5\x9f\x8e\xff.jsonl"))  # "城" then 0xff
