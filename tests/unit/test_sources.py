@@ -10,10 +10,12 @@ import json
 import os
 import random
 import sys
-from collections.abc import Iterable
+import zlib
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import brotli  # type: ignore[import-untyped]
 import pytest
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
@@ -260,6 +262,107 @@ def test_warc_takes_pages_and_skips_the_rest(tmp_path: Path, gz: bool) -> None:
         "text/html",
         "text/html",
     ]
+
+
+def raw_deflate(body: bytes) -> bytes:
+    squeeze = zlib.compressobj(wbits=-15)
+    return squeeze.compress(body) + squeeze.flush()
+
+
+CODINGS: dict[str, tuple[str, Callable[[bytes], bytes]]] = {
+    "gzip": ("gzip", gzip.compress),
+    "x-gzip": ("x-gzip", gzip.compress),
+    "deflate": ("deflate", zlib.compress),
+    "raw deflate": ("deflate", raw_deflate),
+    "br": ("br", brotli.compress),
+    "BR, with spaces": (" BR ", brotli.compress),
+}
+
+
+@pytest.mark.parametrize("coding", list(CODINGS))
+def test_warc_content_codings_are_undone(tmp_path: Path, coding: str) -> None:
+    # br was rejected outright (found by a review of hostile input): warcio 1.8.1 sets an
+    # attribute on brotli's Decompressor that brotli 1.2 refuses
+    header, encode = CODINGS[coding]
+    body = ("<p>" + "新建的地铁线路明年通车，沿线居民出行更方便。" * 3000 + "</p>").encode("gbk")
+    records = [
+        rec("response", "https://example.cn/1", encode(GBK), http(Content_Encoding=header)),
+        rec(
+            "response",
+            "https://example.cn/2",
+            chunked(encode(body), size=999),
+            http(Content_Encoding=header, Transfer_Encoding="chunked"),
+        ),
+        page_rec("https://example.cn/3"),
+    ]
+    path = tmp_path / "coded.warc"
+    write_warc(path, records, gz=False)
+    items = read(path, max_bytes=len(body))
+    assert urls(items) == [f"https://example.cn/{n}" for n in (1, 2, 3)]
+    assert [getattr(i, "body", None) for i in items] == [GBK, body, GBK]
+
+
+@pytest.mark.parametrize("coding", list(CODINGS))
+def test_warc_coded_body_inflating_past_the_limit_is_too_large(tmp_path: Path, coding: str) -> None:
+    header, encode = CODINGS[coding]
+    bomb = encode(b"\x20" * (200 * LIMIT))
+    path = tmp_path / "bomb.warc"
+    records = [rec("response", "https://example.cn/bomb", bomb, http(Content_Encoding=header))]
+    write_warc(path, [*records, page_rec("https://example.cn/1")], gz=False)
+    assert urls(read(path)) == ["too_large:https://example.cn/bomb", "https://example.cn/1"]
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br"])
+def test_warc_coded_body_damaged_inside_is_rejected_alone(tmp_path: Path, coding: str) -> None:
+    header, encode = CODINGS[coding]
+    rng = random.Random(3)
+    text = "".join(rng.choice("地铁线路明年通车城市交通") for _ in range(20_000))
+    coded = bytearray(encode(f"<p>{text}</p>".encode()))
+    middle = len(coded) // 2
+    coded[middle : middle + 64] = bytes(b ^ 0xFF for b in coded[middle : middle + 64])
+    records = [
+        rec("response", "https://example.cn/bad", bytes(coded), http(Content_Encoding=header)),
+        page_rec("https://example.cn/1"),
+    ]
+    path = tmp_path / "damaged.warc"
+    write_warc(path, records, gz=False)
+    items = read(path, max_bytes=10 * LIMIT)
+    assert urls(items) == ["bad_input:https://example.cn/bad", "https://example.cn/1"]
+    assert isinstance(items[0], Rejected) and f"{header} body damaged" in items[0].detail
+
+
+def test_warc_coded_body_cut_short_gives_what_it_decoded_to(tmp_path: Path) -> None:
+    # as a crawler's size limit cuts a body; but a cut that leaves nothing is no page
+    rng = random.Random(5)
+    body = ("<p>" + "".join(rng.choice("地铁线路明年通车城市交通") for _ in range(50_000))).encode()
+    path = tmp_path / "cut.warc"
+    coded = brotli.compress(body)
+    records = [
+        rec(
+            "response",
+            "https://example.cn/cut",
+            coded[: len(coded) // 2],
+            http(Content_Encoding="br"),
+        ),
+        rec("response", "https://example.cn/none", b"\x00\x01garbage", http(Content_Encoding="br")),
+    ]
+    write_warc(path, records, gz=False)
+    cut, none = read(path, max_bytes=len(body))
+    assert isinstance(cut, RawPage) and 0 < len(cut.body) < len(body)
+    assert body.startswith(bytes(cut.body))
+    assert isinstance(none, Rejected) and none.reason is Reason.BAD_INPUT
+    assert "br body ends before any of it decodes" in none.detail
+
+
+def test_warc_body_not_in_its_coding_is_taken_as_it_is(tmp_path: Path) -> None:
+    # crawlers that store the decoded body often keep the original Content-Encoding
+    path = tmp_path / "stored-decoded.warc"
+    records = [
+        rec("response", f"https://example.cn/{c}", GBK, http(Content_Encoding=c))
+        for c in ("gzip", "deflate", "br", "identity", "compress")
+    ]
+    write_warc(path, records, gz=False)
+    assert [getattr(i, "body", None) for i in read(path)] == [GBK] * 5
 
 
 def test_warc_body_over_limit(tmp_path: Path) -> None:
