@@ -30,6 +30,7 @@ _GZIP_WBITS = 31  # zlib's window bits for a gzip header and trailer
 _WARC_MAGIC = b"WARC/"
 _UTF8_BOM = b"\xef\xbb\xbf"
 _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+_PAGE_RECORDS = frozenset({"response", "resource"})  # WARC-Types that may hold a page
 _WHOLE_FILE_GZIP = "non-chunked gzip"  # in warcio's ArchiveLoadFailed for such a file
 # What a damaged gzip stream or file raises while being read.
 # isal's stubs type its error class as an instance of Exception; it is a class.
@@ -255,12 +256,22 @@ def _warc_pages(
         url = _target_uri(record)
         try:
             page = _page_from_record(record, url, max_bytes)
+            # Of every record, not only of pages: a file cut inside a request record lost
+            # nothing but that record, yet it is a truncated file (found by a review of
+            # hostile input; the end of that record was past the end of the file).
+            missing = _bytes_missing(record)
         # A record whose payload cannot be read (bad chunking, bad Content-Encoding) is
         # dead-lettered; the iterator skips to the next record by the WARC's own length.
         except Exception as exc:
             yield _bad_input(f"{name}: WARC record {number}: {_say(exc)}", url)
             continue
-        if isinstance(page, Rejected):
+        if missing:
+            detail = f"{record.rec_type} record truncated: {missing} of {record.length} bytes"
+            where = url if record.rec_type in _PAGE_RECORDS else None
+            yield _bad_input(
+                f"{name}: WARC record {number}: {detail} missing (file cut short)", where
+            )
+        elif isinstance(page, Rejected):
             yield dataclasses.replace(page, detail=f"{name}: WARC record {number}: {page.detail}")
         elif page is not None:
             yield page
@@ -328,9 +339,6 @@ def _page_from_record(record: Any, url: str | None, max_bytes: int) -> RawPage |
         return Rejected(
             Reason.TOO_LARGE, f"body is over {max_bytes} bytes", derive_page_id(url), url
         )
-    missing = _bytes_missing(record)
-    if missing:
-        return _bad_input(f"record truncated: {missing} of {record.length} bytes missing", url)
     return RawPage(
         page_id=derive_page_id(url),
         url=url,

@@ -395,6 +395,25 @@ def test_warc_truncated_keeps_earlier_records(tmp_path: Path, gz: bool) -> None:
     assert "truncated" in items[2].detail
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_warc_cut_inside_a_record_that_holds_no_page_is_reported(tmp_path: Path, gz: bool) -> None:
+    # found by a review of hostile input: a file cut inside its last, request, record
+    get = StatusAndHeaders("GET /2 HTTP/1.1", [("User-Agent", "爬虫" * 100)], is_http_request=True)
+    path = tmp_path / "cut.warc"
+    write_warc(
+        path,
+        [page_rec("https://example.cn/1"), rec("request", "https://example.cn/2", http=get)],
+        gz=False,
+    )
+    data = path.read_bytes()
+    data = data[: len(data) - 100]  # 4 bytes of record trailer and 96 of the request
+    path.write_bytes(gzip.compress(data) if gz else data)
+    items = read(path)
+    assert urls(items) == ["https://example.cn/1", "bad_input:None"]
+    assert isinstance(items[1], Rejected)
+    assert "WARC record 2: request record truncated: 96 of " in items[1].detail
+
+
 def test_warc_garbage_record_stops_file_with_reason(tmp_path: Path) -> None:
     path = tmp_path / "bad.warc"
     write_warc(path, [page_rec(f"https://example.cn/{n}") for n in range(3)], gz=False)
