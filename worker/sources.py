@@ -254,6 +254,13 @@ def _warc_pages(
         if number <= skip:
             continue
         url = _target_uri(record)
+        if _content_length(record) is None:
+            # warcio then reads the rest of the file as this record's block: a page made of
+            # the records after it (found by a review of hostile input). Where the next
+            # record starts cannot be told without guessing.
+            detail = f"WARC record {number}: {_unframed(record)}; rest of file skipped"
+            yield _bad_input(f"{name}: {detail}", url)
+            return None
         try:
             page = _page_from_record(record, url, max_bytes)
             # Of every record, not only of pages: a file cut inside a request record lost
@@ -293,6 +300,25 @@ def _unread_tail(path: str, last_member: tuple[int, int] | None) -> int:
     except OSError:
         return 0  # it was readable a moment ago; nothing useful to add
     return 0 if not tail.strip() and not more else size - end
+
+
+def _content_length(record: Any) -> int | None:
+    """The record's Content-Length, None if it has none that is a number of bytes."""
+    value = record.rec_headers.get_header("Content-Length")
+    text = value.strip() if isinstance(value, str) else ""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def _unframed(record: Any) -> str:
+    """Why a record without a Content-Length that is a number of bytes has it."""
+    value = record.rec_headers.get_header("Content-Length")
+    if value is not None:
+        return f"Content-Length {value!r} is not a number of bytes"
+    if record.rec_type is None:
+        return "neither WARC-Type nor Content-Length: not a WARC record"
+    if not record.raw_stream.read(1):
+        return "the file ends inside its headers, before a Content-Length (file cut short)"
+    return "no Content-Length, so where the record ends cannot be told"
 
 
 def _target_uri(record: Any) -> str | None:

@@ -414,6 +414,56 @@ def test_warc_cut_inside_a_record_that_holds_no_page_is_reported(tmp_path: Path,
     assert "WARC record 2: request record truncated: 96 of " in items[1].detail
 
 
+def raw_record(url: str, block: bytes, **changes: str | None) -> bytes:
+    """A WARC response record written by hand, its WARC headers changed or (None) left out."""
+    fields: dict[str, str | None] = {
+        "WARC-Type": "response",
+        "WARC-Record-ID": f"<urn:uuid:{derive_page_id(url)}>",
+        "WARC-Date": "2024-01-01T08:00:00Z",
+        "WARC-Target-URI": url,
+        "Content-Type": "application/http; msgtype=response",
+        "Content-Length": str(len(block)),
+    }
+    fields.update((k.replace("_", "-"), v) for k, v in changes.items())
+    head = "".join(f"{k}: {v}\r\n" for k, v in fields.items() if v is not None)
+    return b"WARC/1.0\r\n" + head.encode() + b"\r\n" + block + b"\r\n\r\n"
+
+
+def http_block(body: bytes = GBK) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n" + body
+
+
+@pytest.mark.parametrize(
+    ("length", "says"),
+    [
+        (None, "no Content-Length, so where the record ends cannot be told"),
+        ("12x", "Content-Length '12x' is not a number of bytes"),
+        ("-5", "Content-Length '-5' is not a number of bytes"),
+    ],
+)
+def test_warc_record_without_a_usable_length_stops_the_file(
+    tmp_path: Path, length: str | None, says: str
+) -> None:
+    # found by a review of hostile input: without a Content-Length, the second page's body
+    # was every record after it
+    records = [raw_record(f"https://example.cn/{n}", http_block()) for n in range(1, 5)]
+    records[1] = raw_record("https://example.cn/2", http_block(), Content_Length=length)
+    path = tmp_path / "unframed.warc"
+    path.write_bytes(b"".join(records))
+    items = read(path)
+    assert urls(items) == ["https://example.cn/1", "bad_input:https://example.cn/2"]
+    assert isinstance(items[1], Rejected)
+    assert items[1].detail == f"{path}: WARC record 2: {says}; rest of file skipped"
+
+
+def test_jsonl_that_starts_like_a_warc_is_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "warcish.jsonl"
+    path.write_bytes(b"WARC/1.0\r\n" + jsonl_line(1) + jsonl_line(2))
+    [reject] = read(path)
+    assert isinstance(reject, Rejected) and reject.reason is Reason.BAD_INPUT
+    assert "not a WARC record" in reject.detail
+
+
 def test_warc_garbage_record_stops_file_with_reason(tmp_path: Path) -> None:
     path = tmp_path / "bad.warc"
     write_warc(path, [page_rec(f"https://example.cn/{n}") for n in range(3)], gz=False)
