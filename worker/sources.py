@@ -31,6 +31,8 @@ _WARC_MAGIC = b"WARC/"
 _UTF8_BOM = b"\xef\xbb\xbf"
 _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _PAGE_RECORDS = frozenset({"response", "resource"})  # WARC-Types that may hold a page
+_HTTP_SCHEMES = ("http:", "https:")
+_HTTP_HEADER_BYTES = 1 << 20  # a response's status line and headers; real ones are KiBs
 _WHOLE_FILE_GZIP = "non-chunked gzip"  # in warcio's ArchiveLoadFailed for such a file
 # What a damaged gzip stream or file raises while being read.
 # isal's stubs type its error class as an instance of Exception; it is a class.
@@ -227,7 +229,10 @@ def _warc_pages(
     of records read if warcio found one gzip member holding several records."""
     from warcio.archiveiterator import ArchiveIterator  # only for WARC input
 
-    archive = ArchiveIterator(stream)
+    # no_record_parse: warcio's own parsing of a record's HTTP headers fails on a request
+    # record without WARC-Target-URI, and that lost the rest of the file (found by a review
+    # of hostile input). Pages are found, and their headers parsed, by _page_from_record.
+    archive = ArchiveIterator(stream, no_record_parse=True)
     records = iter(archive)
     number = 0
     while True:
@@ -332,35 +337,38 @@ def _target_uri(record: Any) -> str | None:
     return uri or None
 
 
-def _page_type(record: Any) -> str | None:
-    """The Content-Type of the page a record holds; None for records that hold no page:
-    requests, metadata, non-HTTP or non-2xx responses, resources that are not HTML."""
+def _page_head(record: Any, url: str | None) -> tuple[str, Any] | None:
+    """(Content-Type, HTTP headers or None) of the page a record holds; None for records
+    that hold no page: requests, metadata, non-HTTP or non-2xx responses, resources that
+    are not HTML."""
     if record.rec_type == "response":
-        http = record.http_headers
-        if http is None:  # not an HTTP response (dns:, whois:)
+        # dns:, whois: and the like hold no HTTP response; without a URI, the block tells
+        if (url and not url.lower().startswith(_HTTP_SCHEMES)) or record.length == 0:
             return None
+        http = _http_headers(record.raw_stream)
         if not str(http.get_statuscode()).startswith("2"):
             return None  # redirects and errors hold no page of the URL
-        return str(http.get_header("Content-Type") or "text/html")
+        return str(http.get_header("Content-Type") or "text/html"), http
     if record.rec_type == "resource":
         content_type = str(record.rec_headers.get_header("Content-Type") or "")
         if content_type.split(";", 1)[0].strip().lower() in _HTML_TYPES:
-            return content_type
+            return content_type, None
     return None
 
 
 def _page_from_record(record: Any, url: str | None, max_bytes: int) -> RawPage | Rejected | None:
     """The page a record holds, a Rejected if it is unusable, None if it holds no page."""
-    content_type = _page_type(record)
-    if content_type is None:
+    head = _page_head(record, url)
+    if head is None:
         return None
+    content_type, http = head
     if url is None:
         return _bad_input(f"{record.rec_type} record without WARC-Target-URI")
     fetched_at = record.rec_headers.get_header("WARC-Date")
     if not fetched_at:
         return _bad_input(f"{record.rec_type} record without WARC-Date", url)
     # One byte past the limit is read: it bounds what a compression bomb can cost.
-    body = _payload(record, max_bytes + 1)
+    body = _payload(record.raw_stream, http, max_bytes + 1)
     if len(body) > max_bytes:
         return Rejected(
             Reason.TOO_LARGE, f"body is over {max_bytes} bytes", derive_page_id(url), url
@@ -374,24 +382,47 @@ def _page_from_record(record: Any, url: str | None, max_bytes: int) -> RawPage |
     )
 
 
-def _payload(record: Any, size: int) -> bytes:
-    """At most ``size`` bytes of a record's payload, chunking and content coding undone.
+class _HeadOf:
+    """The start of a block, for warcio's header parser: it reads lines of any length, and
+    a block of a gigabyte without a line break would be held whole."""
+
+    def __init__(self, block: Any, size: int) -> None:
+        self._block = block
+        self._left = size
+
+    def readline(self, size: int = -1, /) -> bytes:
+        if self._left <= 0:
+            raise ValueError(f"HTTP headers over {_HTTP_HEADER_BYTES} bytes")
+        line: bytes = self._block.readline(self._left)
+        self._left -= len(line)
+        return line
+
+
+def _http_headers(block: Any) -> Any:
+    """The status line and headers at the start of a response record's block."""
+    from warcio.statusandheaders import StatusAndHeadersParser
+
+    parser = StatusAndHeadersParser(["HTTP/1.0", "HTTP/1.1"], verify=False)
+    return parser.parse(_HeadOf(block, _HTTP_HEADER_BYTES))
+
+
+def _payload(block: Any, http: Any, size: int) -> bytes:
+    """At most ``size`` bytes of the payload after a block's HTTP headers (``http``, None
+    for a resource record), chunking and content coding undone.
 
     Not warcio's content_stream: its brotli decoder fails on every body (warcio 1.8.1 sets
     an attribute that brotli's Decompressor refuses; found by a review of hostile input),
     and it decodes a whole 16 KiB block at once, whatever that inflates to.
     """
-    http = record.http_headers
-    if http is None:  # a resource record: the block is the page
-        return _read_at_most(record.raw_stream, size)
-    stream = record.raw_stream
+    if http is None:
+        return _read_at_most(block, size)
     if str(http.get_header("Transfer-Encoding") or "").strip().lower() == "chunked":
         from warcio.bufferedreaders import ChunkedDataReader
 
         # a body that turns out not to be chunked is read on as it is
-        stream = ChunkedDataReader(stream)
+        block = ChunkedDataReader(block)
     coding = str(http.get_header("Content-Encoding") or "").strip().lower()
-    return _decoded(stream, coding, size)
+    return _decoded(block, coding, size)
 
 
 class _Undo(Protocol):

@@ -456,6 +456,53 @@ def test_warc_record_without_a_usable_length_stops_the_file(
     assert items[1].detail == f"{path}: WARC record 2: {says}; rest of file skipped"
 
 
+def test_warc_cut_inside_record_headers_is_reported(tmp_path: Path) -> None:
+    data = raw_record("https://example.cn/1", http_block()) + raw_record(
+        "https://example.cn/2", http_block()
+    )
+    path = tmp_path / "cut.warc"
+    path.write_bytes(data[: data.index(b"Content-Length", data.index(b"example.cn/2"))])
+    items = read(path)
+    assert urls(items) == ["https://example.cn/1", "bad_input:https://example.cn/2"]
+    assert isinstance(items[1], Rejected) and "file cut short" in items[1].detail
+
+
+def test_warc_records_without_target_uri_cost_that_record_only(tmp_path: Path) -> None:
+    # found by a review of hostile input: warcio's parsing of a request without
+    # WARC-Target-URI raised, and the rest of the file was skipped
+    request = b"GET /2 HTTP/1.1\r\nHost: example.cn\r\n\r\n"
+    no_uri = {"WARC_Target_URI": None}
+    path = tmp_path / "no-uri.warc"
+    path.write_bytes(
+        raw_record("https://example.cn/1", http_block())
+        + raw_record("https://example.cn/2", request, WARC_Type="request", **no_uri)
+        + raw_record("https://example.cn/3", http_block())
+        + raw_record("https://example.cn/4", http_block(), **no_uri)
+        + raw_record("https://example.cn/5", http_block())
+    )
+    items = read(path)
+    assert urls(items) == [
+        "https://example.cn/1",
+        "https://example.cn/3",
+        "bad_input:None",
+        "https://example.cn/5",
+    ]
+    assert isinstance(items[2], Rejected)
+    assert items[2].detail == f"{path}: WARC record 4: response record without WARC-Target-URI"
+
+
+def test_warc_http_headers_are_read_to_a_bound(tmp_path: Path) -> None:
+    endless = b"HTTP/1.1 200 OK\r\nX-Padding: " + b"x" * (2 << 20)
+    path = tmp_path / "long-headers.warc"
+    path.write_bytes(
+        raw_record("https://example.cn/1", endless)
+        + raw_record("https://example.cn/2", http_block())
+    )
+    items = read(path)
+    assert urls(items) == ["bad_input:https://example.cn/1", "https://example.cn/2"]
+    assert isinstance(items[0], Rejected) and "HTTP headers over 1048576 bytes" in items[0].detail
+
+
 def test_jsonl_that_starts_like_a_warc_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "warcish.jsonl"
     path.write_bytes(b"WARC/1.0\r\n" + jsonl_line(1) + jsonl_line(2))
