@@ -33,6 +33,7 @@ _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _PAGE_RECORDS = frozenset({"response", "resource"})  # WARC-Types that may hold a page
 _HTTP_SCHEMES = ("http:", "https:")
 _HTTP_HEADER_BYTES = 1 << 20  # a response's status line and headers; real ones are KiBs
+_MISFRAMED = "not followed by a blank line: its Content-Length is wrong"
 _WHOLE_FILE_GZIP = "non-chunked gzip"  # in warcio's ArchiveLoadFailed for such a file
 # What a damaged gzip stream or file raises while being read.
 # isal's stubs type its error class as an instance of Exception; it is a class.
@@ -234,27 +235,42 @@ def _warc_pages(
     # of hostile input). Pages are found, and their headers parsed, by _page_from_record.
     archive = ArchiveIterator(stream, no_record_parse=True)
     records = iter(archive)
+    held: RawPage | None = None  # given once the next record shows where this one ended
     number = 0
     while True:
         number += 1
+        warnings = archive.err_count
+        failure: Exception | None = None
         try:
-            record = next(records)
-        except StopIteration:
-            if skip == 0:  # offsets are of the file itself only on the first pass
+            record = next(records, None)
+        # warcio raises its own ArchiveLoadFailed, but also ValueError, EOFError and zlib
+        # errors from deep inside on a damaged file; after any of them the reader's position
+        # is unknown, so the rest of the file is given up.
+        except Exception as exc:
+            record, failure = None, exc
+        misframed = archive.err_count > warnings
+        if misframed:
+            # warcio skips a line where the blank lines after the record should be: its
+            # Content-Length was wrong, so its block is not its own (or not all of it).
+            yield _bad_input(f"{name}: WARC record {number - 1}: {_MISFRAMED}", _url_of(held))
+        elif held is not None:
+            yield held
+        held = None
+        if failure is not None:
+            if _WHOLE_FILE_GZIP in str(failure) and skip == 0:
+                return number - 1
+            yield _bad_input(f"{name}: WARC record {number}: {_say(failure)}; rest of file skipped")
+            return None
+        if record is None:
+            # offsets are of the file itself only on the first pass; a line that warcio
+            # skipped after the last record is what is left, and is reported above
+            if skip == 0 and not misframed:
                 lost = _unread_tail(path, archive.member_info)
                 if lost:
                     yield _bad_input(
                         f"{name}: {lost} bytes after WARC record {number - 1} could not be "
                         "read (truncated or damaged file)"
                     )
-            return None
-        # warcio raises its own ArchiveLoadFailed, but also ValueError, EOFError and zlib
-        # errors from deep inside on a damaged file; after any of them the reader's position
-        # is unknown, so the rest of the file is given up.
-        except Exception as exc:
-            if _WHOLE_FILE_GZIP in str(exc) and skip == 0:
-                return number - 1
-            yield _bad_input(f"{name}: WARC record {number}: {_say(exc)}; rest of file skipped")
             return None
         if number <= skip:
             continue
@@ -286,7 +302,11 @@ def _warc_pages(
         elif isinstance(page, Rejected):
             yield dataclasses.replace(page, detail=f"{name}: WARC record {number}: {page.detail}")
         elif page is not None:
-            yield page
+            held = page
+
+
+def _url_of(page: RawPage | None) -> str | None:
+    return page.url if page is not None else None
 
 
 def _unread_tail(path: str, last_member: tuple[int, int] | None) -> int:

@@ -456,6 +456,39 @@ def test_warc_record_without_a_usable_length_stops_the_file(
     assert items[1].detail == f"{path}: WARC record 2: {says}; rest of file skipped"
 
 
+def test_warc_record_whose_length_is_wrong_is_not_a_page(tmp_path: Path) -> None:
+    # a body must never hold bytes of the records around it
+    short, long = http_block(), http_block()
+    records = [raw_record(f"https://example.cn/{n}", http_block()) for n in range(1, 7)]
+    records[1] = raw_record("https://example.cn/2", short, Content_Length=str(len(short) - 9))
+    records[3] = raw_record("https://example.cn/4", long, Content_Length=str(len(long) + 60))
+    path = tmp_path / "misframed.warc"
+    path.write_bytes(b"".join(records))
+    items = read(path)
+    assert urls(items) == [
+        "https://example.cn/1",
+        "bad_input:https://example.cn/2",
+        "https://example.cn/3",
+        "bad_input:https://example.cn/4",
+        "bad_input:None",  # after a block too long, no record can be found
+    ]
+    assert [getattr(i, "detail", "").split(": ", 1)[1] for i in items[1::2]] == [
+        "WARC record 2: not followed by a blank line: its Content-Length is wrong",
+        "WARC record 4: not followed by a blank line: its Content-Length is wrong",
+    ]
+    assert isinstance(items[4], Rejected) and "rest of file skipped" in items[4].detail
+
+
+def test_warc_last_record_whose_length_is_short_is_not_a_page(tmp_path: Path) -> None:
+    block = http_block()
+    path = tmp_path / "misframed.warc"
+    path.write_bytes(
+        raw_record("https://example.cn/1", http_block())
+        + raw_record("https://example.cn/2", block, Content_Length=str(len(block) - 9))
+    )
+    assert urls(read(path)) == ["https://example.cn/1", "bad_input:https://example.cn/2"]
+
+
 def test_warc_cut_inside_record_headers_is_reported(tmp_path: Path) -> None:
     data = raw_record("https://example.cn/1", http_block()) + raw_record(
         "https://example.cn/2", http_block()
