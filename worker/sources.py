@@ -15,7 +15,7 @@ import io
 import os
 import sys
 import zlib
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO, Protocol, cast
 
 from isal import isal_zlib
@@ -34,7 +34,6 @@ _PAGE_RECORDS = frozenset({"response", "resource"})  # WARC-Types that may hold 
 _HTTP_SCHEMES = ("http:", "https:")
 _HTTP_HEADER_BYTES = 1 << 20  # a response's status line and headers; real ones are KiBs
 _MISFRAMED = "not followed by a blank line: its Content-Length is wrong"
-_WHOLE_FILE_GZIP = "non-chunked gzip"  # in warcio's ArchiveLoadFailed for such a file
 # What a damaged gzip stream or file raises while being read.
 # isal's stubs type its error class as an instance of Exception; it is a class.
 _ISAL_ERROR = cast("type[Exception]", isal_zlib.error)
@@ -101,11 +100,11 @@ def _file_pages(path: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
     except _STREAM_ERRORS as exc:
         yield _bad_input(f"{name}: cannot read: {_say(exc)}")
         return
-    if warc:
-        yield from _warc_file_pages(path, name, max_bytes)
-        return
     with _gunzipped(path) if gzipped else open(path, "rb") as stream:
-        yield from _jsonl_pages(stream, name, max_bytes)
+        if warc:
+            yield from _warc_pages(stream, name, max_bytes)
+        else:
+            yield from _jsonl_pages(stream, name, max_bytes)
 
 
 class _Inflater(io.RawIOBase):
@@ -170,17 +169,6 @@ def _gunzipped(path: str) -> io.BufferedReader:
     return io.BufferedReader(_Inflater(open(path, "rb")), buffer_size=1 << 20)
 
 
-def _warc_file_pages(path: str, name: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
-    # warcio reads a .warc.gz member by member, which keeps the records before a damaged
-    # or truncated member. It refuses a WARC gzipped whole as one member; that file is then
-    # read again through GzipFile, past the records already given.
-    with open(path, "rb") as fh:
-        done = yield from _warc_pages(fh, path, name, max_bytes, skip=0)
-    if done is not None:
-        with gzip.open(path, "rb") as fh:
-            yield from _warc_pages(fh, path, name, max_bytes, skip=done)
-
-
 def _say(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -223,17 +211,45 @@ def _skip_rest_of_line(stream: _Lines, chunk: int) -> None:
             return
 
 
+class _Watched:
+    """A stream that keeps the error it raised: warcio takes an EOFError from its stream,
+    which is what a truncated gzip file raises, for the end of the file."""
+
+    def __init__(self, stream: io.BufferedReader) -> None:
+        self._stream = stream
+        self._offset = 0
+        self.error: Exception | None = None
+
+    def read(self, size: int = -1, /) -> bytes:
+        try:
+            # read1: a read that filled its buffer from several raw reads, the last raising
+            # (a truncated gzip file), would lose the bytes before the error
+            data = self._stream.read1(size)
+        except _STREAM_ERRORS as exc:
+            self.error = exc
+            raise
+        self._offset += len(data)
+        return data
+
+    def tell(self) -> int:
+        return self._offset
+
+
 def _warc_pages(
-    stream: _Lines, path: str, name: str, max_bytes: int, skip: int
-) -> Generator[RawPage | Rejected, None, int | None]:
-    """Pages of the records after the first ``skip``. Returns None when done, or the number
-    of records read if warcio found one gzip member holding several records."""
+    stream: io.BufferedReader, name: str, max_bytes: int
+) -> Iterator[RawPage | Rejected]:
+    """The pages of a WARC's records, in order; ``stream`` is gunzipped already."""
     from warcio.archiveiterator import ArchiveIterator  # only for WARC input
 
+    # A .warc.gz reaches warcio inflated (by _Inflater), gzipped per record or whole: warcio
+    # missed a gzip member cut inside its headers and took the EOFError of a file cut
+    # elsewhere for its end, and it refused a WARC gzipped whole (found by a review of
+    # hostile input: a whole-file .warc.gz cut to 2/3 gave 0 pages and 0 rejects).
+    source = _Watched(stream)
     # no_record_parse: warcio's own parsing of a record's HTTP headers fails on a request
     # record without WARC-Target-URI, and that lost the rest of the file (found by a review
     # of hostile input). Pages are found, and their headers parsed, by _page_from_record.
-    archive = ArchiveIterator(stream, no_record_parse=True)
+    archive = ArchiveIterator(source, no_record_parse=True)
     records = iter(archive)
     held: RawPage | None = None  # given once the next record shows where this one ended
     number = 0
@@ -243,56 +259,52 @@ def _warc_pages(
         failure: Exception | None = None
         try:
             record = next(records, None)
-        # warcio raises its own ArchiveLoadFailed, but also ValueError, EOFError and zlib
-        # errors from deep inside on a damaged file; after any of them the reader's position
-        # is unknown, so the rest of the file is given up.
+        # warcio raises its own ArchiveLoadFailed, but also ValueError and the like from
+        # deep inside on a damaged file; after any of them the reader's position is
+        # unknown, so the rest of the file is given up.
         except Exception as exc:
             record, failure = None, exc
-        misframed = archive.err_count > warnings
-        if misframed:
+        if archive.err_count > warnings:
             # warcio skips a line where the blank lines after the record should be: its
             # Content-Length was wrong, so its block is not its own (or not all of it).
             yield _bad_input(f"{name}: WARC record {number - 1}: {_MISFRAMED}", _url_of(held))
         elif held is not None:
             yield held
         held = None
+        if source.error is not None:
+            yield _broken(name, number, source.error)
+            return
         if failure is not None:
-            if _WHOLE_FILE_GZIP in str(failure) and skip == 0:
-                return number - 1
             yield _bad_input(f"{name}: WARC record {number}: {_say(failure)}; rest of file skipped")
-            return None
+            return
         if record is None:
-            # offsets are of the file itself only on the first pass; a line that warcio
-            # skipped after the last record is what is left, and is reported above
-            if skip == 0 and not misframed:
-                lost = _unread_tail(path, archive.member_info)
-                if lost:
-                    yield _bad_input(
-                        f"{name}: {lost} bytes after WARC record {number - 1} could not be "
-                        "read (truncated or damaged file)"
-                    )
-            return None
-        if number <= skip:
-            continue
+            return
         url = _target_uri(record)
         if _content_length(record) is None:
             # warcio then reads the rest of the file as this record's block: a page made of
             # the records after it (found by a review of hostile input). Where the next
             # record starts cannot be told without guessing.
-            detail = f"WARC record {number}: {_unframed(record)}; rest of file skipped"
+            detail = (
+                f"WARC record {number}: {_unframed(record, archive.reader)}; rest of file skipped"
+            )
             yield _bad_input(f"{name}: {detail}", url)
-            return None
+            return
         try:
             page = _page_from_record(record, url, max_bytes)
+        # A record whose payload cannot be read (bad chunking, bad Content-Encoding) is
+        # dead-lettered; the iterator skips to the next record by the WARC's own length.
+        except Exception as exc:
+            page = _bad_input(_say(exc), url)
+        try:
             # Of every record, not only of pages: a file cut inside a request record lost
             # nothing but that record, yet it is a truncated file (found by a review of
             # hostile input; the end of that record was past the end of the file).
             missing = _bytes_missing(record)
-        # A record whose payload cannot be read (bad chunking, bad Content-Encoding) is
-        # dead-lettered; the iterator skips to the next record by the WARC's own length.
-        except Exception as exc:
-            yield _bad_input(f"{name}: WARC record {number}: {_say(exc)}", url)
-            continue
+        except _STREAM_ERRORS:
+            missing = 0  # the stream broke: said next
+        if source.error is not None:
+            yield _broken(name, number, source.error)
+            return
         if missing:
             detail = f"{record.rec_type} record truncated: {missing} of {record.length} bytes"
             where = url if record.rec_type in _PAGE_RECORDS else None
@@ -305,26 +317,14 @@ def _warc_pages(
             held = page
 
 
+def _broken(name: str, number: int, error: Exception) -> Rejected:
+    what = "file truncated" if isinstance(error, EOFError) else "stream damaged"
+    detail = f"WARC record {number}: {what}, rest of file skipped: {_say(error)}"
+    return _bad_input(f"{name}: {detail}")
+
+
 def _url_of(page: RawPage | None) -> str | None:
     return page.url if page is not None else None
-
-
-def _unread_tail(path: str, last_member: tuple[int, int] | None) -> int:
-    """Bytes after the end of the last record warcio read, blank lines not counted.
-
-    warcio ends quietly when the last gzip member is cut short inside its headers, so a
-    truncated .warc.gz would otherwise lose its last records without a word.
-    """
-    end = sum(last_member) if last_member else 0
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(end)
-            tail = fh.read(64)
-            more = fh.read(1)
-            size = fh.seek(0, os.SEEK_END)
-    except OSError:
-        return 0  # it was readable a moment ago; nothing useful to add
-    return 0 if not tail.strip() and not more else size - end
 
 
 def _content_length(record: Any) -> int | None:
@@ -334,15 +334,17 @@ def _content_length(record: Any) -> int | None:
     return int(text) if text.isascii() and text.isdigit() else None
 
 
-def _unframed(record: Any) -> str:
-    """Why a record without a Content-Length that is a number of bytes has it."""
+def _unframed(record: Any, reader: Any) -> str:
+    """Why a record has no Content-Length that is a number of bytes; ``reader`` is the
+    stream warcio reads records from."""
     value = record.rec_headers.get_header("Content-Length")
+    headers = record.rec_headers.headers
+    if not reader.read(1) and (record.rec_type is not None or not headers):
+        return "the file ends inside its headers (file cut short)"
     if value is not None:
         return f"Content-Length {value!r} is not a number of bytes"
     if record.rec_type is None:
         return "neither WARC-Type nor Content-Length: not a WARC record"
-    if not record.raw_stream.read(1):
-        return "the file ends inside its headers, before a Content-Length (file cut short)"
     return "no Content-Length, so where the record ends cannot be told"
 
 

@@ -544,6 +544,69 @@ def test_jsonl_that_starts_like_a_warc_is_rejected(tmp_path: Path) -> None:
     assert "not a WARC record" in reject.detail
 
 
+def test_warc_gzipped_whole_and_cut_keeps_earlier_records(tmp_path: Path) -> None:
+    # found by a review of hostile input: such a file cut to 2/3 gave 0 pages, 0 rejects
+    plain = tmp_path / "crawl.warc"
+    write_warc(plain, [page_rec(f"https://example.cn/{n}", GBK * 20) for n in range(30)], gz=False)
+    data = gzip.compress(plain.read_bytes())
+    path = tmp_path / "cut.warc.gz"
+    path.write_bytes(data[: len(data) * 2 // 3])
+    items = read(path)
+    assert len(items) > 10
+    assert urls(items[:-1]) == [f"https://example.cn/{n}" for n in range(len(items) - 1)]
+    assert all(isinstance(i, RawPage) and i.body == GBK * 20 for i in items[:-1])
+    last = items[-1]
+    assert isinstance(last, Rejected) and last.reason is Reason.BAD_INPUT
+    assert (
+        f"WARC record {len(items)}: file truncated, rest of file skipped: EOFError" in last.detail
+    )
+
+
+@pytest.mark.parametrize("packing", ["plain", "gzip per record", "gzip whole"])
+def test_warc_cut_anywhere_says_so_exactly_when_something_is_lost(
+    tmp_path: Path, packing: str
+) -> None:
+    get = b"GET / HTTP/1.1\r\nHost: example.cn\r\n\r\n"
+    records = [
+        raw_record("https://example.cn/1", http_block()),
+        raw_record("https://example.cn/1", get, WARC_Type="request"),
+        raw_record("https://example.cn/2", http_block(GBK * 3)),
+        raw_record("https://example.cn/3", http_block()),
+    ]
+    whole = read(_write(tmp_path / "whole.warc", b"".join(records)))
+    if packing == "gzip per record":
+        records = [gzip.compress(r) for r in records]
+    data = b"".join(records)
+    ends = [len(b"".join(records[: n + 1])) for n in range(len(records))]
+    # bytes whose loss costs nothing: the blank lines that end a plain record
+    harmless = {e - k for e in ends for k in range(5)} if packing == "plain" else set(ends)
+    if packing == "gzip whole":
+        data, harmless = gzip.compress(data), set()
+    for cut in range(1, len(data)):
+        items = read(_write(tmp_path / "cut.warc", data[:cut]))
+        head = data[:cut] if packing == "plain" else zlib.decompressobj(31).decompress(data[:cut])
+        if not head.startswith(b"WARC/"):  # too little is left to tell a WARC: read as JSONL
+            assert [type(i) for i in items] == [Rejected], cut
+            continue
+        pages = [i for i in items if isinstance(i, RawPage)]
+        assert pages == whole[: len(pages)], cut  # the same pages, bodies whole, in order
+        rejects = [i for i in items if isinstance(i, Rejected)]
+        if cut in harmless:
+            assert not rejects, cut
+        else:
+            [reject] = rejects
+            assert reject.reason is Reason.BAD_INPUT, cut
+            says = ("truncated", "cut short")
+            if packing == "plain" and any(0 < cut - e < 9 for e in [0, *ends]):
+                says = (*says, "first line: ")  # warcio: "Invalid WARC record, first line: WARC/1"
+            assert any(w in reject.detail for w in says), (cut, reject)
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
 def test_warc_garbage_record_stops_file_with_reason(tmp_path: Path) -> None:
     path = tmp_path / "bad.warc"
     write_warc(path, [page_rec(f"https://example.cn/{n}") for n in range(3)], gz=False)
