@@ -2,7 +2,8 @@
 
 The format is told by content, not by name: gzip by its magic bytes, WARC by ``WARC/`` at
 the start of the (decompressed) stream; anything else is read as JSONL, a UTF-8 byte order
-mark at its start skipped. ``-`` is stdin, read as plain JSONL.
+mark at its start skipped. A path is opened once, so it may be a pipe or a FIFO. ``-`` is
+stdin, read as plain JSONL.
 Broken input becomes ``Rejected`` records; a file that cannot be read on stops with one.
 """
 
@@ -16,7 +17,7 @@ import os
 import sys
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, BinaryIO, Protocol, cast
+from typing import Any, Protocol, cast
 
 from isal import isal_zlib
 
@@ -29,6 +30,8 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _GZIP_WBITS = 31  # zlib's window bits for a gzip header and trailer
 _WARC_MAGIC = b"WARC/"
 _UTF8_BOM = b"\xef\xbb\xbf"
+_HEAD = len(_WARC_MAGIC)  # bytes that tell the format: gzip's magic, WARC's
+_BUFFER = 1 << 20
 _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _PAGE_RECORDS = frozenset({"response", "resource"})  # WARC-Types that may hold a page
 _HTTP_SCHEMES = ("http:", "https:")
@@ -80,31 +83,78 @@ def _shown_path(path: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def _sniff(path: str) -> tuple[bool, bool]:
-    """(gzipped, WARC) from the first bytes, decompressed if need be."""
-    with open(path, "rb") as fh:
-        gzipped = fh.read(len(_GZIP_MAGIC)) == _GZIP_MAGIC
-    if gzipped:
-        with gzip.open(path, "rb") as fh:
-            return True, fh.read(len(_WARC_MAGIC)) == _WARC_MAGIC
-    with open(path, "rb") as fh:
-        return False, fh.read(len(_WARC_MAGIC)) == _WARC_MAGIC
-
-
 def _file_pages(path: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
     # A detail holding the path as given would not encode as UTF-8, and the reject could
     # not be written (found by a review of hostile input: a file named b"bad\xffname").
     name = _shown_path(path)
     try:
-        gzipped, warc = _sniff(path)
+        stream, head = _open(path)
     except _STREAM_ERRORS as exc:
         yield _bad_input(f"{name}: cannot read: {_say(exc)}")
         return
-    with _gunzipped(path) if gzipped else open(path, "rb") as stream:
-        if warc:
+    with stream:
+        if head.startswith(_WARC_MAGIC):
             yield from _warc_pages(stream, name, max_bytes)
         else:
             yield from _jsonl_pages(stream, name, max_bytes)
+
+
+def _open(path: str) -> tuple[io.BufferedReader, bytes]:
+    """The file's bytes, gunzipped if they are gzip, and the first few of those (what tells
+    the format), from one open: a pipe or a FIFO gives its bytes once. (Found by a review
+    of hostile input: the format was sniffed by opening the file, then it was opened again
+    to be read, so `neardup dedup <(cat pages.jsonl)` read an empty pipe and a FIFO hung.)
+    """
+    raw = open(path, "rb", buffering=0)  # noqa: SIM115 (the stream returned closes it)
+    try:
+        source, head = _rewound(raw)
+        if head.startswith(_GZIP_MAGIC):
+            inflater = _Inflater(source)
+            return io.BufferedReader(inflater, _BUFFER), inflater.peek(_HEAD)
+        return io.BufferedReader(source, _BUFFER), head
+    except BaseException:
+        raw.close()
+        raise
+
+
+def _rewound(raw: io.FileIO) -> tuple[io.RawIOBase, bytes]:
+    """``raw`` and its first bytes, still to be read from the stream returned: sought back
+    to on a file, put back in front of the rest on a pipe (nothing else is held)."""
+    seekable = raw.seekable()
+    start = raw.tell() if seekable else 0
+    head = b""
+    while len(head) < _HEAD:
+        piece = raw.read(_HEAD - len(head))
+        if not piece:
+            break
+        head += piece
+    if seekable:
+        raw.seek(start)
+        return raw, head
+    return _Prefixed(head, raw), head
+
+
+class _Prefixed(io.RawIOBase):
+    """A stream that cannot seek, with the bytes already read from it put back in front."""
+
+    def __init__(self, head: bytes, raw: io.RawIOBase) -> None:
+        self._head = head
+        self._raw = raw
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        if not self._head:
+            return self._raw.readinto(buffer)
+        n = min(len(buffer), len(self._head))
+        buffer[:n] = self._head[:n]
+        self._head = self._head[n:]
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 class _Inflater(io.RawIOBase):
@@ -118,7 +168,7 @@ class _Inflater(io.RawIOBase):
 
     _CHUNK = 1 << 14  # compressed bytes a call
 
-    def __init__(self, raw: BinaryIO) -> None:
+    def __init__(self, raw: io.RawIOBase) -> None:
         self._raw = raw
         self._inflate = isal_zlib.decompressobj(_GZIP_WBITS)
         self._out = b""
@@ -150,6 +200,12 @@ class _Inflater(io.RawIOBase):
             self._out += self._inflate.decompress(data)
             data = self._inflate.unused_data if self._inflate.eof else b""
 
+    def peek(self, size: int) -> bytes:
+        """The next ``size`` bytes of output (fewer at its end), left to be read."""
+        while len(self._out) < size and not self._done:
+            self._more()
+        return self._out[:size]
+
     def readinto(self, buffer: Any) -> int:
         while not self._out and not self._done:
             self._more()
@@ -163,10 +219,6 @@ class _Inflater(io.RawIOBase):
     def close(self) -> None:
         self._raw.close()
         super().close()
-
-
-def _gunzipped(path: str) -> io.BufferedReader:
-    return io.BufferedReader(_Inflater(open(path, "rb")), buffer_size=1 << 20)
 
 
 def _say(exc: BaseException) -> str:

@@ -163,6 +163,31 @@ def test_closed_stdin_is_a_reject_not_a_traceback(
     assert [r["reason"] for r in read(rj)] == ["bad_input"]
 
 
+def test_pages_from_a_pipe_are_all_read(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    # `neardup dedup <(cat pages.jsonl)`: found by a review of hostile input, it gave exit
+    # 0 with no decision and no reject (the pipe was read empty telling its format)
+    read_end, write_end = os.pipe()
+
+    def write() -> None:
+        with os.fdopen(write_end, "wb") as fh:
+            fh.write(SAMPLE.read_bytes())
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    out, rj = tmp_path / "d.jsonl", tmp_path / "r.jsonl"
+    try:
+        code = main(["dedup", f"/dev/fd/{read_end}", "--out", str(out), "--rejects", str(rj), "-q"])
+    finally:
+        os.close(read_end)
+    writer.join()
+    assert code == EXIT_REJECTED
+    lines = SAMPLE.read_text(encoding="utf-8").splitlines()
+    assert len(read(out)) + len(read(rj)) == len(lines)
+
+
 def test_installed_console_script_runs() -> None:
     import subprocess
     import sys
