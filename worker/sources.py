@@ -336,10 +336,11 @@ def _warc_pages(
             # warcio then reads the rest of the file as this record's block: a page made of
             # the records after it (found by a review of hostile input). Where the next
             # record starts cannot be told without guessing.
-            detail = (
-                f"WARC record {number}: {_unframed(record, archive.reader)}; rest of file skipped"
-            )
-            yield _bad_input(f"{name}: {detail}", url)
+            why = _unframed(record, archive.reader)
+            if source.error is not None:
+                yield _broken(name, number, source.error)
+            else:
+                yield _bad_input(f"{name}: WARC record {number}: {why}; rest of file skipped", url)
             return
         try:
             page = _page_from_record(record, url, max_bytes)
@@ -391,7 +392,11 @@ def _unframed(record: Any, reader: Any) -> str:
     stream warcio reads records from."""
     value = record.rec_headers.get_header("Content-Length")
     headers = record.rec_headers.headers
-    if not reader.read(1) and (record.rec_type is not None or not headers):
+    try:
+        at_end = not reader.read(1)
+    except _STREAM_ERRORS:
+        at_end = True  # and the caller reports the broken stream
+    if at_end and (record.rec_type is not None or not headers):
         return "the file ends inside its headers (file cut short)"
     if value is not None:
         return f"Content-Length {value!r} is not a number of bytes"

@@ -590,6 +590,16 @@ def test_warc_http_headers_are_read_to_a_bound(tmp_path: Path) -> None:
     assert isinstance(items[0], Rejected) and "HTTP headers over 1048576 bytes" in items[0].detail
 
 
+def test_warc_gzip_cut_after_headers_without_length_is_reported(tmp_path: Path) -> None:
+    record = raw_record("https://example.cn/1", http_block(), Content_Length=None)
+    headers_end = record.index(b"\r\n\r\n") + 4
+    path = tmp_path / "cut.warc.gz"
+    path.write_bytes(gzip.compress(record[:headers_end]) + gzip.compress(record)[:5])
+    [reject] = read(path)
+    assert isinstance(reject, Rejected) and reject.reason is Reason.BAD_INPUT
+    assert "WARC record 1: file truncated, rest of file skipped: EOFError" in reject.detail
+
+
 def test_jsonl_that_starts_like_a_warc_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "warcish.jsonl"
     path.write_bytes(b"WARC/1.0\r\n" + jsonl_line(1) + jsonl_line(2))
