@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import json
 import os
 import sys
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,16 +26,15 @@ from pydantic import ValidationError
 from worker.contract import max_line_bytes
 from worker.kafka.security import connection_problem, describe, install_log_redaction
 from worker.settings import Settings
+from worker.sources import STREAM_ERRORS, UTF8_BOM, open_input
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_NOT_SENT = 0, 1, 2, 3
 STDIN = "-"
-_GZIP_MAGIC = b"\x1f\x8b"
 _WARC_MAGIC = b"WARC/"
 # Key and record headers on top of the value; a URL key is at most a few KiB.
 _RECORD_SLACK = 16 * 1024
 # How many sends may be in flight before their results are collected (bounds memory).
 _WINDOW = 2000
-_STREAM_ERRORS = (OSError, EOFError, zlib.error)
 
 
 class _Lines(Protocol):
@@ -103,15 +100,16 @@ def check_inputs(paths: Sequence[str]) -> None:
 
 
 def _is_warc(path: str) -> bool:
+    """Whether a regular file is a WARC (plain or gzip). A pipe is not looked at here: its
+    bytes come once, and are told when it is read (``iter_lines``)."""
+    if not os.path.isfile(path):
+        return False
     try:
-        with open(path, "rb") as fh:
-            if fh.read(len(_GZIP_MAGIC)) != _GZIP_MAGIC:
-                fh.seek(0)
-                return fh.read(len(_WARC_MAGIC)) == _WARC_MAGIC
-        with gzip.open(path, "rb") as gz:
-            return gz.read(len(_WARC_MAGIC)) == _WARC_MAGIC
-    except _STREAM_ERRORS:
+        stream, head = open_input(path)
+    except STREAM_ERRORS:
         return False  # reported, with its line number, when the file is read
+    with stream:
+        return head.startswith(_WARC_MAGIC)
 
 
 def iter_lines(
@@ -132,9 +130,15 @@ def iter_lines(
                 sys.stdin.buffer, "<stdin>", max_value_bytes, on_too_large, on_broken
             )
             continue
-        with open(path, "rb") as fh:
-            gzipped = fh.read(len(_GZIP_MAGIC)) == _GZIP_MAGIC
-        with gzip.open(path, "rb") if gzipped else open(path, "rb") as stream:
+        try:  # one open: a pipe or a FIFO gives its bytes once
+            stream, head = open_input(path)
+        except STREAM_ERRORS as exc:
+            on_broken(f"{path}: cannot read: {type(exc).__name__}: {exc}")
+            continue
+        with stream:
+            if head.startswith(_WARC_MAGIC):  # a pipe, which check_inputs does not read
+                on_broken(f"{path} is a WARC file; this producer sends raw-page JSONL lines")
+                continue
             yield from _stream_lines(stream, path, max_value_bytes, on_too_large, on_broken)
 
 
@@ -156,13 +160,15 @@ def _stream_lines(
                     _skip_rest_of_line(stream, limit)
                 on_too_large(f"{name}:{lineno}")
                 continue
-        except _STREAM_ERRORS as exc:
+        except STREAM_ERRORS as exc:
             on_broken(
                 f"{name}:{lineno}: stream broken, rest of file skipped: {type(exc).__name__}: {exc}"
             )
             return
         if not raw:
             return
+        if lineno == 1:  # as the worker's reader does (RFC 8259 lets a parser ignore it)
+            value = value.removeprefix(UTF8_BOM)
         if value.strip():
             yield Line(f"{name}:{lineno}", message_key(value), value)
 

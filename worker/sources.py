@@ -29,7 +29,7 @@ _STDIN_NAME = "<stdin>"  # in details
 _GZIP_MAGIC = b"\x1f\x8b"
 _GZIP_WBITS = 31  # zlib's window bits for a gzip header and trailer
 _WARC_MAGIC = b"WARC/"
-_UTF8_BOM = b"\xef\xbb\xbf"
+UTF8_BOM = b"\xef\xbb\xbf"
 _HEAD = len(_WARC_MAGIC)  # bytes that tell the format: gzip's magic, WARC's
 _BUFFER = 1 << 20
 _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
@@ -40,7 +40,7 @@ _MISFRAMED = "not followed by a blank line: its Content-Length is wrong"
 # What a damaged gzip stream or file raises while being read.
 # isal's stubs type its error class as an instance of Exception; it is a class.
 _ISAL_ERROR = cast("type[Exception]", isal_zlib.error)
-_STREAM_ERRORS = (OSError, EOFError, zlib.error, _ISAL_ERROR)
+STREAM_ERRORS = (OSError, EOFError, zlib.error, _ISAL_ERROR)
 
 
 class _Lines(Protocol):
@@ -88,8 +88,8 @@ def _file_pages(path: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
     # not be written (found by a review of hostile input: a file named b"bad\xffname").
     name = _shown_path(path)
     try:
-        stream, head = _open(path)
-    except _STREAM_ERRORS as exc:
+        stream, head = open_input(path)
+    except STREAM_ERRORS as exc:
         yield _bad_input(f"{name}: cannot read: {_say(exc)}")
         return
     with stream:
@@ -99,7 +99,7 @@ def _file_pages(path: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
             yield from _jsonl_pages(stream, name, max_bytes)
 
 
-def _open(path: str) -> tuple[io.BufferedReader, bytes]:
+def open_input(path: str) -> tuple[io.BufferedReader, bytes]:
     """The file's bytes, gunzipped if they are gzip, and the first few of those (what tells
     the format), from one open: a pipe or a FIFO gives its bytes once. (Found by a review
     of hostile input: the format was sniffed by opening the file, then it was opened again
@@ -239,15 +239,15 @@ def _jsonl_pages(stream: _Lines, name: str, max_bytes: int) -> Iterator[RawPage 
             if len(line) > limit and not line.endswith(b"\n"):
                 # Rejected from its head by parse_raw; the rest is read past, never held.
                 _skip_rest_of_line(stream, limit)
-        except _STREAM_ERRORS as exc:
+        except STREAM_ERRORS as exc:
             detail = f"{name}:{lineno + 1}: stream broken, rest of file skipped: {_say(exc)}"
             yield _bad_input(detail)
             return
         if not line:
             return
         lineno += 1
-        if lineno == 1 and line.startswith(_UTF8_BOM):
-            line = line[len(_UTF8_BOM) :]  # RFC 8259 lets a parser ignore one; editors add it
+        if lineno == 1 and line.startswith(UTF8_BOM):
+            line = line[len(UTF8_BOM) :]  # RFC 8259 lets a parser ignore one; editors add it
         if not line.strip():
             continue
         result = parse_raw(line, max_bytes)
@@ -277,7 +277,7 @@ class _Watched:
             # read1: a read that filled its buffer from several raw reads, the last raising
             # (a truncated gzip file), would lose the bytes before the error
             data = self._stream.read1(size)
-        except _STREAM_ERRORS as exc:
+        except STREAM_ERRORS as exc:
             self.error = exc
             raise
         self._offset += len(data)
@@ -353,7 +353,7 @@ def _warc_pages(
             # nothing but that record, yet it is a truncated file (found by a review of
             # hostile input; the end of that record was past the end of the file).
             missing = _bytes_missing(record)
-        except _STREAM_ERRORS:
+        except STREAM_ERRORS:
             missing = 0  # the stream broke: said next
         if source.error is not None:
             yield _broken(name, number, source.error)
@@ -394,7 +394,7 @@ def _unframed(record: Any, reader: Any) -> str:
     headers = record.rec_headers.headers
     try:
         at_end = not reader.read(1)
-    except _STREAM_ERRORS:
+    except STREAM_ERRORS:
         at_end = True  # and the caller reports the broken stream
     if at_end and (record.rec_type is not None or not headers):
         return "the file ends inside its headers (file cut short)"

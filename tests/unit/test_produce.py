@@ -91,6 +91,36 @@ def test_broken_gzip_stops_that_file_only(tmp_path: Path) -> None:
     assert len(broken) == 1 and "rest of file skipped" in broken[0]
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_fifo_is_read_once_and_a_leading_bom_dropped(tmp_path: Path, gz: bool) -> None:
+    """A pipe gives its bytes once: checking the inputs must not drain it, and the lines
+    come out whole (the worker's reader skips a leading BOM too)."""
+    import os
+    import signal
+    import threading
+
+    raw = b"\xef\xbb\xbf" + json.dumps(PAGE).encode() + b'\n{"url": "u2"}\n'
+    fifo = tmp_path / "pages.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_bytes, args=(gzip.compress(raw) if gz else raw,))
+    writer.start()
+
+    def stuck(*_: object) -> None:  # a second open would wait for a writer for ever
+        raise TimeoutError("the FIFO was opened twice")
+
+    old = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(20)
+    try:
+        check_inputs([str(fifo)])
+        lines, too_large, broken = _collect([str(fifo)])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    writer.join(timeout=10)
+    assert [x.key for x in lines] == [PAGE["url"].encode(), b"u2"]
+    assert lines[0].value == json.dumps(PAGE).encode() and too_large == broken == []
+
+
 def test_inputs_checked_before_sending(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such input file"):
         check_inputs([str(tmp_path / "nope.jsonl")])

@@ -720,14 +720,14 @@ def test_empty_file(tmp_path: Path) -> None:
 
 
 def _gzip_lines(opener: Any, path: Path) -> list[Any]:
-    from worker.sources import _STREAM_ERRORS
+    from worker.sources import STREAM_ERRORS
 
     out: list[Any] = []
     try:
         with opener(path) as fh:
             while line := fh.readline(1 << 24):
                 out.append(line)
-    except _STREAM_ERRORS as exc:
+    except STREAM_ERRORS as exc:
         out.append(type(exc).__name__)
     return out
 
@@ -735,10 +735,10 @@ def _gzip_lines(opener: Any, path: Path) -> list[Any]:
 def test_isal_inflater_gives_what_gzip_gives(tmp_path: Path) -> None:
     """JSONL gzip is inflated with ISA-L (worker.sources._Inflater): the same lines as
     gzip.GzipFile, and the same failure, for members, padding, garbage and truncation."""
-    from worker.sources import _open
+    from worker.sources import open_input
 
     def _gunzipped(path: Path) -> io.BufferedReader:
-        stream, head = _open(str(path))
+        stream, head = open_input(str(path))
         assert not head or stream.peek(len(head)).startswith(head)
         return stream
 
