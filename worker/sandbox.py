@@ -343,11 +343,10 @@ def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
         page, utf8 = _page_from(header, payload)
         stats = Stats()
         result = _analyse_one(page, cfg, stats, utf8, header.get("job", ANALYSE))
-        # How near the limit the page came (VmPeak) explains a failure; /proc/self/status
-        # costs several times /proc/self/statm, so a page analysed is not asked about it.
-        exhausted = (
-            bool(limit) and isinstance(result, Rejected) and meter.peak_bytes() > limit - headroom
-        )
+        # VmPeak covers the worker's whole life, so it is read after every page (8 us): a
+        # page that came near the limit retires the worker, and a later failure is never
+        # blamed on a peak of an earlier page.
+        exhausted = bool(limit) and meter.peak_bytes() > limit - headroom
         if (
             isinstance(result, Rejected)
             and result.reason is Reason.INTERNAL
@@ -359,10 +358,7 @@ def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
             detail = f"analysis needed more than {cfg.extract_max_mb} MiB ({result.detail})"
             result = Rejected(Reason.TOO_LARGE, detail[:500], page.page_id, page.url)
             exhausted = True
-        retire = exhausted
-        if limit and not retire:  # memory the page left taken, which is not given back
-            size, resident = meter.vm_bytes()
-            retire = size > limit - headroom or resident > retire_rss
+        retire = exhausted or (bool(limit) and meter.vm_bytes()[1] > retire_rss)
         _write_all_blocking(wfd, _result_frame(result, stats.seconds, retire))
         if retire:
             return

@@ -947,3 +947,49 @@ def test_extract_command_bounds_each_page_as_dedup_does(rng: random.Random, tmp_
             [rejected] = [json.loads(r) for r in rejects.read_text().splitlines()]
             assert rejected["reason"] == "timeout" and rejected["url"].endswith("/flood")
     assert runs["0.5"] == runs["0"] and len(runs["0"].splitlines()) == 2
+
+
+def test_sandbox_a_page_that_came_near_the_limit_retires_its_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """VmPeak covers the worker's whole life: a page that took most of the limit for a
+    moment and gave it back must retire the worker, or a later failure would be blamed on
+    that page's peak (reported as too_large) and retire it anyway (found by a review)."""
+    from worker import sandbox as sb
+
+    def fake(page: RawPage, cfg: EngineConfig, stats: object, utf8: object, job: str) -> object:
+        if page.page_id == "big":  # 48 MiB for a moment: past the retiring share of 64
+            buf = bytearray(48 << 20)
+            buf[:: 1 << 20] = b"x" * len(buf[:: 1 << 20])
+            del buf
+        if page.page_id == "bug":
+            return Rejected(Reason.INTERNAL, "KeyError: 'x'", page.page_id, page.url)
+        return Extracted(page, "t", ("ok",))
+
+    monkeypatch.setattr(sb, "_analyse_one", fake)
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker's loop, as the zygote runs it
+        code = 0
+        try:
+            os.close(w1)
+            os.close(r2)
+            sb._serve(CFG.with_overrides(extract_max_mb=64), r1, w2)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(r1)
+    os.close(w2)
+    answers = {}
+    try:
+        for name in ("small", "big"):
+            sb._write_all_blocking(w1, sb._page_frame(_page("<p>x</p>", name), sb.EXTRACT))
+            answers[name] = sb._read_frame_blocking(r2)[0]
+    finally:
+        os.close(w1)
+        os.close(r2)
+        os.waitpid(pid, 0)
+    assert answers["small"]["retire"] is False and "extracted" in answers["small"]
+    assert answers["big"]["retire"] is True and "extracted" in answers["big"]
