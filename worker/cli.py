@@ -269,8 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _same_file(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` are one file that writing would overwrite (a device such as
+    /dev/null, or a pipe, is no such file)."""
     try:
-        return os.path.samefile(a, b)
+        return os.path.samefile(a, b) and os.path.isfile(a)
     except OSError:  # one does not exist (yet): compare the names
         return os.path.realpath(a) == os.path.realpath(b)
 

@@ -211,6 +211,9 @@ def test_outputs_that_would_destroy_data_are_usage_errors(tmp_path: Path) -> Non
             main(["dedup", str(pages), *outputs])
         assert exc.value.code == EXIT_USAGE
     assert pages.read_bytes() == SAMPLE.read_bytes()
+    # a device is no file to overwrite: two outputs may go there
+    argv = ["dedup", str(pages), "--out", "/dev/null", "--rejects", "/dev/null", "-q"]
+    assert main(argv) == EXIT_REJECTED
 
 
 def test_an_output_that_cannot_be_written_is_a_message(
