@@ -58,7 +58,7 @@ import weakref
 from collections import deque
 from collections.abc import Generator, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -635,6 +635,23 @@ class _Worker:
             return None  # the zygote is gone, and took its workers with it
 
 
+_Kind = TypeVar("_Kind", Analysed, Extracted)
+
+
+def _of_kind(
+    answers: Generator[tuple[RawPage | Rejected, _Result], None, None], kind: type[_Kind]
+) -> Generator[tuple[RawPage | Rejected, _Kind | Rejected], None, None]:
+    """The answers of one job, each a ``kind`` or a ``Rejected``; closing this closes
+    ``answers`` (which then stops the worker if pages are still written ahead)."""
+    try:
+        for item, result in answers:
+            if not isinstance(result, kind | Rejected):
+                raise TypeError(f"a {type(result).__name__} answer to a {kind.__name__} job")
+            yield item, result
+    finally:
+        answers.close()
+
+
 @dataclasses.dataclass(slots=True, eq=False)
 class _Pending:
     """One item of ``Sandbox.stream``, from when it is read until it is handed back."""
@@ -722,26 +739,14 @@ class Sandbox:
         ``analyse`` is; an item that is already a ``Rejected`` comes back as its own result.
         Reads up to ``LOOKAHEAD`` pages ahead of the one it hands back. Never raises for a
         page: when no worker can be started, the page is rejected as ``internal``."""
-        answers = self._stream(items, ANALYSE, stats)
-        try:
-            for item, result in answers:
-                assert not isinstance(result, Extracted)
-                yield item, result
-        finally:
-            answers.close()
+        return _of_kind(self._stream(items, ANALYSE, stats), Analysed)
 
     def extracted(
         self, items: Iterable[RawPage | Rejected]
     ) -> Generator[tuple[RawPage | Rejected, Extracted | Rejected], None, None]:
         """``(item, extract_page(item))`` for each page of ``items``, bounded as
         ``stream`` bounds the analysis."""
-        answers = self._stream(items, EXTRACT, None)
-        try:
-            for item, result in answers:
-                assert not isinstance(result, Analysed)
-                yield item, result
-        finally:
-            answers.close()
+        return _of_kind(self._stream(items, EXTRACT, None), Extracted)
 
     def _stream(
         self, items: Iterable[RawPage | Rejected], job: str, stats: Stats | None
