@@ -419,6 +419,80 @@ def test_warc_body_not_in_its_coding_is_taken_as_it_is(tmp_path: Path) -> None:
     assert [getattr(i, "body", None) for i in read(path)] == [GBK] * 5
 
 
+def largest_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that comes to hold the size of the largest read of a record's block."""
+    from warcio.limitreader import LimitReader
+
+    largest = [0]
+    read_block = LimitReader.read
+
+    def spy(self: LimitReader, length: int | None = None) -> bytes:
+        data: bytes = read_block(self, length)
+        largest[0] = max(largest[0], len(data))
+        return data
+
+    monkeypatch.setattr(LimitReader, "read", spy)
+    return largest
+
+
+@pytest.mark.parametrize("coding", ["identity", "gzip"])
+def test_warc_chunk_is_read_a_piece_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, coding: str
+) -> None:
+    # found by a review of hostile input: warcio's ChunkedDataReader read a whole chunk (up
+    # to 2 GiB) before the size limit applied; one 200 MB chunk in a .warc.gz cost 472 MB
+    body = random.Random(1).randbytes(4 << 20)  # so that gzip leaves it as big
+    coded = gzip.compress(body, compresslevel=1) if coding == "gzip" else body
+    records = [
+        rec(
+            "response",
+            "https://example.cn/big",
+            b"%x\r\n%s\r\n0\r\n\r\n" % (len(coded), coded),
+            http(Transfer_Encoding="chunked", Content_Encoding=coding),
+        ),
+        page_rec("https://example.cn/1"),
+    ]
+    path = tmp_path / "one-chunk.warc"
+    write_warc(path, records, gz=False)
+    largest = largest_reads(monkeypatch)
+    assert urls(read(path)) == ["too_large:https://example.cn/big", "https://example.cn/1"]
+    assert largest[0] <= 64 * 1024
+
+
+@pytest.mark.parametrize(
+    ("block", "body"),
+    [
+        pytest.param(b"5;name=value\r\nhello\r\n0\r\n\r\n", b"hello", id="extension"),
+        pytest.param(b"5;" + b"x" * 200 + b"\r\nhello\r\n0\r\n\r\n", b"hello", id="long extension"),
+        pytest.param(b"5\r\nhello\r\n0\r\nExpires: 0\r\nX-A: b\r\n\r\n", b"hello", id="trailers"),
+        pytest.param(b"5\r\nhello\r\n0\r\n\r\nafter", b"hello", id="bytes after the end"),
+        pytest.param(b"<html>\r\n", b"<html>\r\n", id="not chunked"),
+        pytest.param(b"\r\nhello", b"\r\nhello", id="not chunked, blank first line"),
+        pytest.param(b"5\r\nhello\r\nworld", b"helloworld", id="not chunked further on"),
+        pytest.param(b"cafe\r\n" + b"x" * 60_000, b"cafe\r\n" + b"x" * 60_000, id="hex word first"),
+        pytest.param(b"5\r\nhelloXX rest", b"5\r\nhelloXX rest", id="no CRLF after a chunk"),
+        pytest.param(b"0\r\n<html>", b"0\r\n<html>", id="0 then no trailer"),
+        pytest.param(b"5\r\nhello\r\n9\r\nwor", b"hellowor", id="cut inside a chunk"),
+        pytest.param(b"5\r\nhello\r\n", b"hello", id="cut before the last chunk"),
+        pytest.param(
+            b"%x\r\n%s" % (100_000, b"x" * 70_000), b"x" * 70_000, id="cut inside a big chunk"
+        ),
+    ],
+)
+def test_warc_chunked_body_read_as_warcio_reads_it_or_better(
+    tmp_path: Path, block: bytes, body: bytes
+) -> None:
+    # As warcio: a body that turns out not to be chunked is read on as it is, and one cut
+    # inside a chunk gives what it has. Better than warcio: trailers are not body, a size
+    # line over 64 bytes is one, and no bytes are dropped where a CRLF was looked for.
+    path = tmp_path / "chunked.warc"
+    records = [rec("response", "https://example.cn/1", block, http(Transfer_Encoding="chunked"))]
+    write_warc(path, [*records, page_rec("https://example.cn/2")], gz=False)
+    items = read(path, max_bytes=1 << 20)
+    assert urls(items) == ["https://example.cn/1", "https://example.cn/2"]
+    assert isinstance(items[0], RawPage) and items[0].body == body
+
+
 def test_warc_body_over_limit(tmp_path: Path) -> None:
     path = tmp_path / "big.warc.gz"
     records = [page_rec("https://example.cn/big", b"x" * 5000), page_rec("https://example.cn/1")]
