@@ -37,6 +37,9 @@ _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _PAGE_RECORDS = frozenset({"response", "resource"})  # WARC-Types that may hold a page
 _HTTP_SCHEMES = ("http:", "https:")
 _HTTP_HEADER_BYTES = 1 << 20  # a response's status line and headers; real ones are KiBs
+# A WARC record's headers, with the blank lines before them; real ones are a few KiB.
+_WARC_HEADER_BYTES = 1 << 20
+_LINE_PIECE = 1 << 14  # warcio's buffer size: a line is read in pieces of at most this
 _MISFRAMED = "not followed by a blank line: its Content-Length is wrong"
 # What a damaged gzip stream or file raises while being read.
 # isal's stubs type its error class as an instance of Exception; it is a class.
@@ -288,6 +291,40 @@ class _Watched:
         return self._offset
 
 
+class _HeaderLines:
+    """Bounds the lines warcio reads between records and in a record's WARC headers: it
+    reads them with no limit, 16 KiB more at a time, each time copying what it has (found
+    by a review of hostile input: one 32 MB line cost 11 s of CPU and 121 MB). The reads of
+    a record's block pass a limit and are left alone.
+
+    A line is put together here from reads of at most 16 KiB: warcio's readline with a
+    limit takes the length of all it has read off the limit after each 16 KiB, so a long
+    line comes back cut, well short of the limit and without its line break."""
+
+    def __init__(self, reader: Any) -> None:
+        self._readline = reader.readline
+        # warcio builds its reader inside ArchiveIterator and gives no way to pass one in
+        reader.readline = self.readline
+        self._read = 0
+
+    def restart(self) -> None:
+        """Before the next record is looked for."""
+        self._read = 0
+
+    def readline(self, size: int | None = None) -> bytes:
+        if size is not None and size >= 0:
+            return cast(bytes, self._readline(size))
+        pieces: list[bytes] = []
+        while True:
+            piece = cast(bytes, self._readline(_LINE_PIECE))
+            self._read += len(piece)
+            if self._read > _WARC_HEADER_BYTES:
+                raise ValueError(f"WARC headers over {_WARC_HEADER_BYTES} bytes")
+            pieces.append(piece)
+            if not piece or piece.endswith(b"\n"):
+                return b"".join(pieces)
+
+
 def _warc_pages(
     stream: io.BufferedReader, name: str, max_bytes: int
 ) -> Iterator[RawPage | Rejected]:
@@ -303,20 +340,14 @@ def _warc_pages(
     # record without WARC-Target-URI, and that lost the rest of the file (found by a review
     # of hostile input). Pages are found, and their headers parsed, by _page_from_record.
     archive = ArchiveIterator(source, no_record_parse=True)
+    lines = _HeaderLines(archive.reader)
     records = iter(archive)
     held: RawPage | None = None  # given once the next record shows where this one ended
     number = 0
     while True:
         number += 1
         warnings = archive.err_count
-        failure: Exception | None = None
-        try:
-            record = next(records, None)
-        # warcio raises its own ArchiveLoadFailed, but also ValueError and the like from
-        # deep inside on a damaged file; after any of them the reader's position is
-        # unknown, so the rest of the file is given up.
-        except Exception as exc:
-            record, failure = None, exc
+        record, failure = _next_record(records, lines)
         if archive.err_count > warnings:
             # warcio skips a line where the blank lines after the record should be: its
             # Content-Length was wrong, so its block is not its own (or not all of it).
@@ -369,6 +400,18 @@ def _warc_pages(
             yield dataclasses.replace(page, detail=f"{name}: WARC record {number}: {page.detail}")
         elif page is not None:
             held = page
+
+
+def _next_record(records: Iterator[Any], lines: _HeaderLines) -> tuple[Any, Exception | None]:
+    """The next record, None at the end; or None and what reading it raised."""
+    lines.restart()
+    try:
+        return next(records, None), None
+    # warcio raises its own ArchiveLoadFailed, but also ValueError and the like from deep
+    # inside on a damaged file; after any of them the reader's position is unknown, so the
+    # rest of the file is given up.
+    except Exception as exc:
+        return None, exc
 
 
 def _broken(name: str, number: int, error: Exception) -> Rejected:

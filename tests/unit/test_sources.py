@@ -664,6 +664,64 @@ def test_warc_http_headers_are_read_to_a_bound(tmp_path: Path) -> None:
     assert isinstance(items[0], Rejected) and "HTTP headers over 1048576 bytes" in items[0].detail
 
 
+def longest_lines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that comes to hold the length of the longest line warcio's reader gives."""
+    from warcio.bufferedreaders import BufferedReader
+
+    longest = [0]
+    readline = BufferedReader.readline
+
+    def spy(self: BufferedReader, length: int | None = None) -> bytes:
+        line: bytes = readline(self, length)
+        longest[0] = max(longest[0], len(line))
+        return line
+
+    monkeypatch.setattr(BufferedReader, "readline", spy)
+    return longest
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        raw_record("https://example.cn/2", http_block(), X_Padding="x" * (3 << 20)),
+        raw_record(
+            "https://example.cn/2", http_block(), **{f"X-{n}": "x" * 30_000 for n in range(40)}
+        ),
+        b"x" * (3 << 20) + b"\r\n" + raw_record("https://example.cn/2", http_block()),
+    ],
+    ids=["a long header line", "many header lines", "a long line between records"],
+)
+def test_warc_headers_are_read_to_a_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, second: bytes
+) -> None:
+    # found by a review of hostile input: warcio reads such lines whole, in quadratic time
+    # (a 32 MB line cost 11 s of CPU and 121 MB)
+    path = tmp_path / "long-lines.warc"
+    path.write_bytes(
+        raw_record("https://example.cn/1", http_block())
+        + second
+        + raw_record("https://example.cn/3", http_block())
+    )
+    longest = longest_lines(monkeypatch)
+    items = read(path)
+    assert urls(items) == ["https://example.cn/1", "bad_input:None"]
+    assert isinstance(items[1], Rejected)
+    assert items[1].detail == (
+        f"{path}: WARC record 2: ValueError: WARC headers over 1048576 bytes; rest of file skipped"
+    )
+    assert longest[0] <= (1 << 20) + 1
+
+
+def test_warc_headers_of_normal_size_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "headers.warc"
+    headers = {f"X-{n}": "x" * 20_000 for n in range(40)}  # 800 KB, under the bound
+    path.write_bytes(
+        raw_record("https://example.cn/1", http_block(), **headers)
+        + raw_record("https://example.cn/2", http_block(), **headers)
+    )
+    assert urls(read(path)) == ["https://example.cn/1", "https://example.cn/2"]
+
+
 def test_warc_gzip_cut_after_headers_without_length_is_reported(tmp_path: Path) -> None:
     record = raw_record("https://example.cn/1", http_block(), Content_Length=None)
     headers_end = record.index(b"\r\n\r\n") + 4
