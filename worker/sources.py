@@ -41,6 +41,13 @@ _HTTP_HEADER_BYTES = 1 << 20  # a response's status line and headers; real ones 
 _WARC_HEADER_BYTES = 1 << 20
 _LINE_PIECE = 1 << 14  # warcio's buffer size: a line is read in pieces of at most this
 _MISFRAMED = "not followed by a blank line: its Content-Length is wrong"
+_UNCONFIRMED = "not followed by a WARC record, so its Content-Length cannot be trusted"
+_SWALLOWED = "its block ends with a whole WARC record: its Content-Length is wrong"
+_WARC_VERSIONS = (b"WARC/1.1", b"WARC/1.0", b"WARC/0.17", b"WARC/0.18")  # what warcio reads
+_RECORD_START = b"\r\n\r\nWARC/"  # the blank lines that end a record, and the next one
+_SEPARATOR = b"\r\n\r\n"
+# A Content-Length header, in WARC headers without the CRLF of their last line.
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*([0-9]{1,19})[ \t]*(?:\r\n|$)", re.I)
 # What a damaged gzip stream or file raises while being read.
 # isal's stubs type its error class as an instance of Exception; it is a class.
 _ISAL_ERROR = cast("type[Exception]", isal_zlib.error)
@@ -306,23 +313,139 @@ class _HeaderLines:
         # warcio builds its reader inside ArchiveIterator and gives no way to pass one in
         reader.readline = self.readline
         self._read = 0
+        self.first: bytes | None = None  # the first line read that is not blank
 
     def restart(self) -> None:
         """Before the next record is looked for."""
         self._read = 0
+        self.first = None
 
     def readline(self, size: int | None = None) -> bytes:
         if size is not None and size >= 0:
             return cast(bytes, self._readline(size))
-        pieces: list[bytes] = []
+        line = self._piece()
+        if line and not line.endswith(b"\n"):
+            pieces = [line]
+            while pieces[-1] and not pieces[-1].endswith(b"\n"):
+                pieces.append(self._piece())
+            line = b"".join(pieces)
+        if self.first is None and line.strip():
+            self.first = line
+        return line
+
+    def _piece(self) -> bytes:
+        piece = cast(bytes, self._readline(_LINE_PIECE))
+        self._read += len(piece)
+        if self._read > _WARC_HEADER_BYTES:
+            raise ValueError(f"WARC headers over {_WARC_HEADER_BYTES} bytes")
+        return piece
+
+
+def _starts_record(line: bytes | None) -> bool:
+    """Whether ``line``, the first that is not blank after a record, is where a WARC record
+    starts (warcio may still fail to read it, its version damaged), or would be but for
+    the end of the file inside it: either way the record before ends where it says."""
+    if line is None:
+        return False
+    head = line.upper()  # as warcio compares
+    return head.startswith(_WARC_MAGIC) or (
+        not line.endswith(b"\n") and _WARC_MAGIC.startswith(head)
+    )
+
+
+class _Block:
+    """A record's block as it is read, watched for WARC records inside it that end where
+    it ends, but for part of the blank lines after them: what a Content-Length too long by
+    one or more whole records gives (found by a review of hostile input: a page held the
+    whole record after it, and nothing was rejected).
+
+    Not any ``\\r\\n\\r\\nWARC/1.`` in a block: a page about WARC may quote a record,
+    and a WARC fetched over HTTP is full of them. That a record found inside ends exactly
+    where the block ends, short of the blank lines after it, is what a wrong length does;
+    a WARC file ends with those blank lines, so a block that holds one does not match.
+    """
+
+    def __init__(self, raw: Any, length: int) -> None:
+        self._raw = raw
+        self._length = length
+        self._seen = 0
+        self._carry = b""  # the last bytes seen, where a record start may begin
+        # From a record start whose headers have not ended yet, if any; then the bytes
+        # after it that were seen, and where in them to look for the end of the headers.
+        self._buf: bytearray | None = None
+        self._buf_at = 0  # where _buf is in the block
+        self._blank_from = 0
+        self._ends: list[int] = []  # where records inside end, if near the block's end
+
+    @property
+    def limit(self) -> int:
+        """Bytes of the block still to read, the file permitting."""
+        return int(getattr(self._raw, "limit", 0))
+
+    def read(self, size: int) -> bytes:
+        data: bytes = self._raw.read(size)
+        self._see(data)
+        return data
+
+    def readline(self, size: int) -> bytes:
+        line: bytes = self._raw.readline(size)
+        self._see(line)
+        return line
+
+    def holds_record(self) -> bool:
+        """Whether the block, read whole, ends with a WARC record (short of the blank
+        lines after it)."""
+        if self._seen != self._length:
+            return False
+        tail = self._carry if self._buf is None else bytes(self._buf[-3:])
+        return any(
+            tail[len(tail) - (self._length - end) :] == _SEPARATOR[: self._length - end]
+            for end in self._ends
+        )
+
+    def _see(self, data: bytes) -> None:
+        self._seen += len(data)
+        if self._buf is None:
+            joined = self._carry + data
+            at = joined.find(_RECORD_START)
+            if at < 0:
+                self._carry = joined[1 - len(_RECORD_START) :]
+                return
+            self._buf, self._buf_at = bytearray(joined[at:]), self._seen - len(joined) + at
+            self._blank_from = 0
+        else:
+            self._buf += data
+        self._read_starts(self._buf)
+
+    def _read_starts(self, buf: bytearray) -> None:
+        """The record starts in ``buf``, which begins with one."""
+        at = 0
         while True:
-            piece = cast(bytes, self._readline(_LINE_PIECE))
-            self._read += len(piece)
-            if self._read > _WARC_HEADER_BYTES:
-                raise ValueError(f"WARC headers over {_WARC_HEADER_BYTES} bytes")
-            pieces.append(piece)
-            if not piece or piece.endswith(b"\n"):
-                return b"".join(pieces)
+            end = buf.find(_SEPARATOR, max(at + len(_SEPARATOR), self._blank_from))
+            if end < 0 and len(buf) - at <= _WARC_HEADER_BYTES:
+                # its headers may end in what is read next
+                self._blank_from = max(at, len(buf) - len(_SEPARATOR) + 1)
+                break
+            if 0 <= end - at <= _WARC_HEADER_BYTES:
+                self._found(buf, at + len(_SEPARATOR), end)
+            at = buf.find(_RECORD_START, at + 1)
+            if at < 0:
+                self._carry, self._buf = bytes(buf[1 - len(_RECORD_START) :]), None
+                return
+            self._blank_from = 0
+        del buf[:at]
+        self._buf_at += at
+        self._blank_from -= at
+
+    def _found(self, buf: bytearray, start: int, end: int) -> None:
+        """The WARC headers in ``buf[start:end]``, of a record whose block is after them."""
+        if not buf.startswith(_WARC_VERSIONS, start):
+            return
+        length = _CONTENT_LENGTH.search(buf, start, end)
+        if length is not None:
+            block_end = self._buf_at + end + len(_SEPARATOR) + int(length[1])
+            if 0 <= self._length - block_end < len(_SEPARATOR):
+                self._ends.append(block_end)
 
 
 def _warc_pages(
@@ -352,8 +475,15 @@ def _warc_pages(
             # warcio skips a line where the blank lines after the record should be: its
             # Content-Length was wrong, so its block is not its own (or not all of it).
             yield _bad_input(f"{name}: WARC record {number - 1}: {_MISFRAMED}", _url_of(held))
-        elif held is not None:
+        elif held is not None and (
+            failure is None or source.error is not None or _starts_record(lines.first)
+        ):
             yield held
+        elif held is not None:
+            # Blank lines, then no WARC record: a Content-Length too long by some lines put
+            # the next record's headers in this block (found by a review of hostile input).
+            # A file cut short is not that, and is said next.
+            yield _bad_input(f"{name}: WARC record {number - 1}: {_UNCONFIRMED}", held.url)
         held = None
         if source.error is not None:
             yield _broken(name, number, source.error)
@@ -364,7 +494,8 @@ def _warc_pages(
         if record is None:
             return
         url = _target_uri(record)
-        if _content_length(record) is None:
+        length = _content_length(record)
+        if length is None:
             # warcio then reads the rest of the file as this record's block: a page made of
             # the records after it (found by a review of hostile input). Where the next
             # record starts cannot be told without guessing.
@@ -374,32 +505,44 @@ def _warc_pages(
             else:
                 yield _bad_input(f"{name}: WARC record {number}: {why}; rest of file skipped", url)
             return
-        try:
-            page = _page_from_record(record, url, max_bytes)
-        # A record whose payload cannot be read (bad chunking, bad Content-Encoding) is
-        # dead-lettered; the iterator skips to the next record by the WARC's own length.
-        except Exception as exc:
-            page = _bad_input(_say(exc), url)
-        try:
-            # Of every record, not only of pages: a file cut inside a request record lost
-            # nothing but that record, yet it is a truncated file (found by a review of
-            # hostile input; the end of that record was past the end of the file).
-            missing = _bytes_missing(record)
-        except STREAM_ERRORS:
-            missing = 0  # the stream broke: said next
+        result = _record_result(record, url, length, max_bytes)
         if source.error is not None:
             yield _broken(name, number, source.error)
             return
-        if missing:
-            detail = f"{record.rec_type} record truncated: {missing} of {record.length} bytes"
-            where = url if record.rec_type in _PAGE_RECORDS else None
-            yield _bad_input(
-                f"{name}: WARC record {number}: {detail} missing (file cut short)", where
-            )
-        elif isinstance(page, Rejected):
-            yield dataclasses.replace(page, detail=f"{name}: WARC record {number}: {page.detail}")
-        elif page is not None:
-            held = page
+        if isinstance(result, Rejected):
+            detail = f"{name}: WARC record {number}: {result.detail}"
+            yield dataclasses.replace(result, detail=detail)
+        elif result is not None:
+            held = result
+
+
+def _record_result(
+    record: Any, url: str | None, length: int, max_bytes: int
+) -> RawPage | Rejected | None:
+    """The page a record holds, why it is rejected, or None if it holds no page; its block
+    is read to its end, unless the stream breaks (for the caller to say)."""
+    # Every read of the block, warcio's included, goes through the watch.
+    block = record.raw_stream = _Block(record.raw_stream, length)
+    try:
+        page = _page_from_record(record, url, max_bytes)
+    # A record whose payload cannot be read (bad chunking, bad Content-Encoding) is
+    # dead-lettered; the iterator skips to the next record by the WARC's own length.
+    except Exception as exc:
+        page = _bad_input(_say(exc), url)
+    try:
+        # Of every record, not only of pages: a file cut inside a request record lost
+        # nothing but that record, yet it is a truncated file (found by a review of
+        # hostile input; the end of that record was past the end of the file).
+        missing = _bytes_missing(record)
+    except STREAM_ERRORS:
+        missing = 0  # the stream broke: the caller says so
+    where = url if record.rec_type in _PAGE_RECORDS else None
+    if missing:
+        detail = f"{record.rec_type} record truncated: {missing} of {record.length} bytes"
+        return _bad_input(f"{detail} missing (file cut short)", where)
+    if block.holds_record():
+        return _bad_input(_SWALLOWED, where)
+    return page
 
 
 def _next_record(records: Iterator[Any], lines: _HeaderLines) -> tuple[Any, Exception | None]:
