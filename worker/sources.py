@@ -314,11 +314,13 @@ class _HeaderLines:
         reader.readline = self.readline
         self._read = 0
         self.first: bytes | None = None  # the first line read that is not blank
+        self.blank = True  # nothing but blank lines read since ``restart``
 
     def restart(self) -> None:
         """Before the next record is looked for."""
         self._read = 0
         self.first = None
+        self.blank = True
 
     def readline(self, size: int | None = None) -> bytes:
         if size is not None and size >= 0:
@@ -336,6 +338,7 @@ class _HeaderLines:
     def _piece(self) -> bytes:
         piece = cast(bytes, self._readline(_LINE_PIECE))
         self._read += len(piece)
+        self.blank = self.blank and not piece.strip()
         if self._read > _WARC_HEADER_BYTES:
             raise ValueError(f"WARC headers over {_WARC_HEADER_BYTES} bytes")
         return piece
@@ -375,7 +378,9 @@ class _Block:
         self._buf: bytearray | None = None
         self._buf_at = 0  # where _buf is in the block
         self._blank_from = 0
-        self._ends: list[int] = []  # where records inside end, if near the block's end
+        # where records inside end, if near the block's end: at most four places, however
+        # many records point there (a set: found by a review, a list grew with the block)
+        self._ends: set[int] = set()
 
     @property
     def limit(self) -> int:
@@ -445,7 +450,7 @@ class _Block:
         if length is not None:
             block_end = self._buf_at + end + len(_SEPARATOR) + int(length[1])
             if 0 <= self._length - block_end < len(_SEPARATOR):
-                self._ends.append(block_end)
+                self._ends.add(block_end)
 
 
 def _warc_pages(
@@ -476,7 +481,10 @@ def _warc_pages(
             # Content-Length was wrong, so its block is not its own (or not all of it).
             yield _bad_input(f"{name}: WARC record {number - 1}: {_MISFRAMED}", _url_of(held))
         elif held is not None and (
-            failure is None or source.error is not None or _starts_record(lines.first)
+            failure is None
+            or source.error is not None
+            or lines.blank  # only blank lines after it, too many of them: its end is sure
+            or _starts_record(lines.first)
         ):
             yield held
         elif held is not None:
@@ -571,7 +579,8 @@ def _content_length(record: Any) -> int | None:
     """The record's Content-Length, None if it has none that is a number of bytes."""
     value = record.rec_headers.get_header("Content-Length")
     text = value.strip() if isinstance(value, str) else ""
-    return int(text) if text.isascii() and text.isdigit() else None
+    # 19 digits at most: int() refuses over 4,300, and no file is longer (found by a review)
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 19 else None
 
 
 def _unframed(record: Any, reader: Any) -> str:
@@ -716,6 +725,7 @@ class _Dechunked:
         self._left = 0  # bytes of a chunk bigger than _CHUNK_READ still to read
         self._as_is = False  # not chunked after all: the rest is the body
         self._ended = False
+        self._first = True  # no chunk read yet
 
     def read(self, size: int) -> bytes:
         parts: list[bytes] = []
@@ -746,6 +756,7 @@ class _Dechunked:
                 self._next_chunk()
 
     def _next_chunk(self) -> None:
+        first, self._first = self._first, False
         line = self._block.readline(_CHUNK_LINE)
         size = _chunk_size(line)
         if size is None:
@@ -765,7 +776,10 @@ class _Dechunked:
             # starts with a line like "cafe" is read as it is, size line and all.
             data = _read_at_most(self._block, size)
             if len(data) < size:
-                self._out, self._ended = data, True
+                # The first chunk shorter than its size line says is a body stored
+                # dechunked that starts with a word like "cafe": its line is kept (found by
+                # a review). A later one is a body cut short inside a chunk.
+                self._out, self._ended = (line + data if first else data), True
             else:
                 self._out = data
                 self._end_of_chunk(line)

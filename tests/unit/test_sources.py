@@ -470,6 +470,7 @@ def test_warc_chunk_is_read_a_piece_at_a_time(
         pytest.param(b"\r\nhello", b"\r\nhello", id="not chunked, blank first line"),
         pytest.param(b"5\r\nhello\r\nworld", b"helloworld", id="not chunked further on"),
         pytest.param(b"cafe\r\n" + b"x" * 60_000, b"cafe\r\n" + b"x" * 60_000, id="hex word first"),
+        pytest.param(b"cafe\r\n<html>x", b"cafe\r\n<html>x", id="hex word first, short body"),
         pytest.param(b"5\r\nhelloXX rest", b"5\r\nhelloXX rest", id="no CRLF after a chunk"),
         pytest.param(b"0\r\n<html>", b"0\r\n<html>", id="0 then no trailer"),
         pytest.param(b"5\r\nhello\r\n9\r\nwor", b"hellowor", id="cut inside a chunk"),
@@ -567,6 +568,8 @@ def http_block(body: bytes = GBK) -> bytes:
         (None, "no Content-Length, so where the record ends cannot be told"),
         ("12x", "Content-Length '12x' is not a number of bytes"),
         ("-5", "Content-Length '-5' is not a number of bytes"),
+        # int() refuses over 4,300 digits (found by a review: it escaped iter_pages)
+        ("9" * 4301, f"Content-Length '{'9' * 4301}' is not a number of bytes"),
     ],
 )
 def test_warc_record_without_a_usable_length_stops_the_file(
@@ -793,6 +796,11 @@ def longest_lines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             b"x" * (3 << 20) + b"\r\n" + raw_record("https://example.cn/2", http_block()),
             "bad_input:https://example.cn/1",  # no WARC record follows it
             id="a long line between records",
+        ),
+        pytest.param(  # blank lines do end the record before (found by a review)
+            b"\r\n" * (1 << 20) + raw_record("https://example.cn/2", http_block()),
+            "https://example.cn/1",
+            id="over a MiB of blank lines between records",
         ),
     ],
 )
