@@ -96,20 +96,10 @@ class RocksKV:
         return values
 
     def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
-        from rocksdict import WriteBatch
-
-        batch = WriteBatch(raw_mode=True)
-        for k, v in items:
-            batch.put(k, v)
-        self._db.write(batch)
+        self.write(list(items))
 
     def delete_many(self, keys: Iterable[bytes]) -> None:
-        from rocksdict import WriteBatch
-
-        batch = WriteBatch(raw_mode=True)
-        for k in keys:
-            batch.delete(k)
-        self._db.write(batch)
+        self.write([(k, None) for k in keys])
 
     def write(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
         """Puts (a value) and deletes (None), in order, in one atomic batch."""

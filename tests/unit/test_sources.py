@@ -419,20 +419,19 @@ def test_warc_body_not_in_its_coding_is_taken_as_it_is(tmp_path: Path) -> None:
     assert [getattr(i, "body", None) for i in read(path)] == [GBK] * 5
 
 
-def largest_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """A list that comes to hold the size of the largest read of a record's block."""
-    from warcio.limitreader import LimitReader
+def longest_result(monkeypatch: pytest.MonkeyPatch, cls: type, method: str) -> list[int]:
+    """A list that comes to hold the length of the longest bytes ``cls.method`` returns
+    (warcio's reads of a record's block, its reader's lines)."""
+    longest = [0]
+    original = getattr(cls, method)
 
-    largest = [0]
-    read_block = LimitReader.read
-
-    def spy(self: LimitReader, length: int | None = None) -> bytes:
-        data: bytes = read_block(self, length)
-        largest[0] = max(largest[0], len(data))
+    def spy(self: object, length: int | None = None) -> bytes:
+        data: bytes = original(self, length)
+        longest[0] = max(longest[0], len(data))
         return data
 
-    monkeypatch.setattr(LimitReader, "read", spy)
-    return largest
+    monkeypatch.setattr(cls, method, spy)
+    return longest
 
 
 @pytest.mark.parametrize("coding", ["identity", "gzip"])
@@ -454,7 +453,9 @@ def test_warc_chunk_is_read_a_piece_at_a_time(
     ]
     path = tmp_path / "one-chunk.warc"
     write_warc(path, records, gz=False)
-    largest = largest_reads(monkeypatch)
+    from warcio.limitreader import LimitReader
+
+    largest = longest_result(monkeypatch, LimitReader, "read")
     assert urls(read(path)) == ["too_large:https://example.cn/big", "https://example.cn/1"]
     assert largest[0] <= 64 * 1024
 
@@ -761,22 +762,6 @@ def test_warc_http_headers_are_read_to_a_bound(tmp_path: Path) -> None:
     assert isinstance(items[0], Rejected) and "HTTP headers over 1048576 bytes" in items[0].detail
 
 
-def longest_lines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """A list that comes to hold the length of the longest line warcio's reader gives."""
-    from warcio.bufferedreaders import BufferedReader
-
-    longest = [0]
-    readline = BufferedReader.readline
-
-    def spy(self: BufferedReader, length: int | None = None) -> bytes:
-        line: bytes = readline(self, length)
-        longest[0] = max(longest[0], len(line))
-        return line
-
-    monkeypatch.setattr(BufferedReader, "readline", spy)
-    return longest
-
-
 @pytest.mark.parametrize(
     ("second", "first"),
     [
@@ -815,7 +800,9 @@ def test_warc_headers_are_read_to_a_bound(
         + second
         + raw_record("https://example.cn/3", http_block())
     )
-    longest = longest_lines(monkeypatch)
+    from warcio.bufferedreaders import BufferedReader
+
+    longest = longest_result(monkeypatch, BufferedReader, "readline")
     items = read(path)
     assert urls(items) == [first, "bad_input:None"]
     assert isinstance(items[1], Rejected)

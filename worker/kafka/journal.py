@@ -95,9 +95,6 @@ class JournalKV:
     def discard(self) -> None:
         self._ops.clear()
 
-    def write(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
-        self._ops.extend((_PUT, k, v) if v is not None else (_DELETE, k, None) for k, v in records)
-
     def apply(self, tag: int) -> None:
         """Write the journal, then the held writes (the page record last), in one batch."""
         ops = _ordered(self._ops)

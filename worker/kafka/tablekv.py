@@ -391,19 +391,10 @@ class TableKV:
         return True
 
     def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
-        records: list[tuple[bytes, bytes | None]] = list(items)
-        if records and not self._write(records):
-            table = self.table
-            for key, value in records:
-                table[key] = value
+        self.write(list(items))
 
     def delete_many(self, keys: Iterable[bytes]) -> None:
-        records: list[tuple[bytes, bytes | None]] = [(k, None) for k in keys]
-        if records and not self._write(records):
-            table = self.table
-            for key, _ in records:
-                if key in table:
-                    del table[key]
+        self.write([(k, None) for k in keys])
 
     def delete_prefix(self, prefix: bytes) -> None:
         self.delete_many([k for k, _ in self.scan(prefix)])
