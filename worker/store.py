@@ -60,8 +60,13 @@ class MemoryKV:
         for k in [k for k in self.data if k.startswith(prefix)]:
             del self.data[k]
 
-    def write(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
-        """Puts (a value) and deletes (None), in order."""
+    def write(
+        self, records: Sequence[tuple[bytes, bytes | None]], prefixes: Sequence[bytes] = ()
+    ) -> None:
+        """Deletes the keys under ``prefixes``, then puts (a value) and deletes (None), in
+        order."""
+        for prefix in prefixes:
+            self.delete_prefix(prefix)
         for k, v in records:
             if v is None:
                 self.data.pop(k, None)
@@ -101,11 +106,16 @@ class RocksKV:
     def delete_many(self, keys: Iterable[bytes]) -> None:
         self.write([(k, None) for k in keys])
 
-    def write(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
-        """Puts (a value) and deletes (None), in order, in one atomic batch."""
+    def write(
+        self, records: Sequence[tuple[bytes, bytes | None]], prefixes: Sequence[bytes] = ()
+    ) -> None:
+        """Deletes the keys under ``prefixes``, then puts (a value) and deletes (None), in
+        order, all in one atomic batch."""
         from rocksdict import WriteBatch
 
         batch = WriteBatch(raw_mode=True)
+        for prefix in prefixes:
+            batch.delete_range(prefix, _range_end(prefix))
         for k, v in records:
             if v is None:
                 batch.delete(k)
@@ -114,10 +124,7 @@ class RocksKV:
         self._db.write(batch)
 
     def delete_prefix(self, prefix: bytes) -> None:
-        end = _prefix_end(prefix)
-        if end is None:
-            raise ValueError("cannot delete an all-0xff prefix")
-        self._db.delete_range(prefix, end)
+        self._db.delete_range(prefix, _range_end(prefix))
 
     def close(self) -> None:
         self._db.close()
@@ -128,6 +135,13 @@ class RocksKV:
         for root, _, files in os.walk(self.path):
             total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
         return total
+
+
+def _range_end(prefix: bytes) -> bytes:
+    end = _prefix_end(prefix)
+    if end is None:
+        raise ValueError("cannot delete an all-0xff prefix")
+    return end
 
 
 def _prefix_end(prefix: bytes) -> bytes | None:
@@ -171,7 +185,11 @@ def open_state(path: str | None, cfg: EngineConfig) -> KV:
 
 class BufferedKV:
     """Reads through to ``inner``; writes wait in memory until ``commit`` writes them in one
-    batch, so that one page's updates land together or not at all."""
+    batch, so that one page's updates land together or not at all.
+
+    Prefix deletes apply before the puts and deletes of the same step, whatever the order
+    of the calls: a step never puts a key under a prefix it deletes (the template filter
+    deletes a generation it no longer writes)."""
 
     _DELETED = b""
 
@@ -205,6 +223,13 @@ class BufferedKV:
         self._prefixes.append(prefix)
 
     def commit(self) -> None:
+        """Write the step: one atomic batch on ``MemoryKV`` and ``RocksKV``; on other
+        stores (the worker's journal, which batches a step itself) one call a kind."""
+        if isinstance(self.inner, (MemoryKV, RocksKV)):
+            if self._puts or self._prefixes:
+                self.inner.write(list(self._puts.items()), self._prefixes)
+            self.rollback()
+            return
         for prefix in self._prefixes:
             self.inner.delete_prefix(prefix)
         puts = [(k, v) for k, v in self._puts.items() if v is not None]
