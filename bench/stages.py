@@ -17,7 +17,8 @@ medians, the CPU (``time.process_time``) a page of:
 * ``forward``: the analyse agent's encoding of each page for the sequencer and framing;
 * ``sequencer``: unframing and decoding, ``RoutedStage.accept``/``release`` (ordering,
   the template filter, the journal, deciding, the clusters);
-* ``route``: unframing, ``probe_store``/``records_store``, encoding the answers.
+* ``route``: unframing, ``route_step`` (``probe_store``/``records_store``), encoding the
+  answers.
 
 Asserts nothing; checks that every page got exactly one decision.
 """
@@ -38,7 +39,7 @@ from bench.common import analysed_pages, micro_args
 from worker.config import EngineConfig
 from worker.engine import Analysed
 from worker.kafka import wire
-from worker.kafka.route import RoutedStage, probe_store, records_store
+from worker.kafka.route import RoutedStage, route_step
 from worker.kafka.stage import Emit
 from worker.store import RocksKV
 
@@ -130,11 +131,8 @@ class Round:
         replies: list[bytes] = []
         for (topic, p), raw in zip(internal, frames, strict=True):
             kv = self.buckets[p] if topic == "probes" else self.records[p]
-            for msg in (wire.decode_route(item) for item in wire.unframe(raw)):
-                if isinstance(msg, wire.ProbeMsg):
-                    replies.append(wire.encode(probe_store(self.stage.index, kv, msg)))
-                elif (sketches := records_store(kv, msg)) is not None:
-                    replies.append(wire.encode(sketches))
+            msgs = [wire.decode_route(item) for item in wire.unframe(raw)]
+            replies += map(wire.encode, route_step(self.stage.index, kv, msgs))
         self.cpu["route"] += time.process_time() - t0
         return [wire.frame(replies)] if replies else []
 

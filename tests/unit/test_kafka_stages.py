@@ -593,6 +593,42 @@ def test_an_empty_bucket_answers_nothing_and_takes_the_entry(gold: list[Analysed
         assert _probe_filled(index, stored, stored, added) == (None, (entry, seqs))
 
 
+def test_a_routing_step_writes_once_and_answers_as_one_by_one(gold: list[Analysed]) -> None:
+    """``route_step`` over one event's probes (several pages into the same buckets, one
+    sent twice), a sketch and a verification of it: the answers and the store are those of
+    ``probe_store``/``records_store`` one message at a time, from one write to the store."""
+    from worker.kafka.route import probe_store, records_store, route_step
+
+    index = DecideStage(ScanMemoryKV(), CFG).engine.index
+    keys = (b"bucket-a", b"bucket-b")
+    probes = [
+        wire.ProbeMsg(i, a.pid, True, np.asarray(make_entry(a.pid, a.fps, a.order)).tobytes(), keys)
+        for i, a in enumerate(gold[:4])
+    ]
+    msgs: list[Any] = [*probes, probes[1]]
+    msgs += [wire.RecordMsg(gold[0].pid, b"sketch"), wire.VerifyMsg(7, (gold[0].pid, 12345))]
+    one_by_one, want = ScanMemoryKV(), []
+    for m in msgs:
+        if isinstance(m, wire.ProbeMsg):
+            want.append(probe_store(index, one_by_one, m))
+        elif (sketches := records_store(one_by_one, m)) is not None:
+            want.append(sketches)
+
+    class Counted(ScanMemoryKV):
+        writes = 0
+
+        def write(self, records: Any, prefixes: Any = ()) -> None:
+            self.writes += 1
+            super().write(records, prefixes)
+
+    batched = Counted()
+    assert route_step(index, batched, msgs) == want
+    assert batched.data == one_by_one.data and batched.writes == 1
+    assert len(want) == 6 and want[-1] == wire.SketchMsg(
+        7, ((gold[0].pid, b"sketch"), (12345, None))
+    )
+
+
 # -- crashes: the store keeps a prefix of its writes, the input is delivered again ---------
 
 

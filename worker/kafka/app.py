@@ -45,7 +45,7 @@ from worker.kafka import dump, faustfix, freshness, rocksmem, wire
 from worker.kafka.absent import Absent
 from worker.kafka.http import serve
 from worker.kafka.metrics import Metrics
-from worker.kafka.route import ProbeCounts, RoutedStage, index_for, probe_store, records_store
+from worker.kafka.route import ProbeCounts, RoutedStage, index_for, route_step
 from worker.kafka.security import aiokafka_kwargs, faust_credentials
 from worker.kafka.stage import DecideStage, Emit, analyse_messages, backlogged, drained
 from worker.kafka.tablekv import Changelog, StateInconsistentError, TableKV, event_context
@@ -597,12 +597,8 @@ class Worker:
             if items is None:
                 continue
             with event_context(event):
-                for decoded in items:
-                    if isinstance(decoded, wire.ProbeMsg):
-                        answer = probe_store(self.index, kv, decoded, self.probe_counts)
-                        replies.append(wire.encode(answer))
-                    elif (sketches := records_store(kv, decoded)) is not None:
-                        replies.append(wire.encode(sketches))
+                answers = route_step(self.index, kv, items, self.probe_counts)
+            replies += map(wire.encode, answers)
         # no wait for the broker: a probe delivered again answers the same and adds nothing
         # twice; but the records go to the producer before the batch's offsets are acked
         await self.flush_changelog(wait=False)

@@ -56,7 +56,7 @@ from worker.kafka.wire import (
     analysed_to_json,
     encode,
 )
-from worker.store import KV
+from worker.store import KV, BufferedKV
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +224,27 @@ def records_store(kv: KV, msg: RecordMsg | VerifyMsg) -> SketchMsg | None:
         return None
     values = kv.get_many([pid_bytes(p) for p in msg.pids])
     return SketchMsg(msg.seq, tuple(zip(msg.pids, values, strict=True)))
+
+
+def route_step(
+    index: KVIndex,
+    kv: KV,
+    msgs: Iterable[ProbeMsg | RecordMsg | VerifyMsg],
+    counts: ProbeCounts | None = None,
+) -> list[AnswerMsg | SketchMsg]:
+    """The answers to one event's messages (one partition's), in their order, with all
+    their writes in one batch: a message reads what the ones before it wrote, as one by
+    one, but the partition writes once an event, not once a probe (about four a page, each
+    with its undo record and changelog bookkeeping in the worker's tables)."""
+    step = BufferedKV(kv)
+    answers: list[AnswerMsg | SketchMsg] = []
+    for msg in msgs:
+        if isinstance(msg, ProbeMsg):
+            answers.append(probe_store(index, step, msg, counts))
+        elif (sketches := records_store(step, msg)) is not None:
+            answers.append(sketches)
+    step.commit()
+    return answers
 
 
 # -- the sequencer's side ------------------------------------------------------------------
