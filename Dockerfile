@@ -46,4 +46,5 @@ EXPOSE 8080
 # No curl in the slim image; urlopen raises (exit 1) on a refused connection or non-2xx.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('NEARDUP_HTTP_PORT', '8080'), timeout=4)"]
-CMD ["python", "-m", "worker.kafka", "worker", "-l", "info"]
+# No -l: the worker logs at NEARDUP_LOG_LEVEL, which a -l here would override.
+CMD ["python", "-m", "worker.kafka", "worker"]

@@ -178,3 +178,24 @@ def test_the_build_context_holds_what_the_dockerfile_copies() -> None:
     assert "requirements.lock" in copied
     assert sorted(set(copied) - allowed) == []
     assert all((ROOT / path).exists() for path in copied)
+
+
+def _names_a_log_level(command: list[str]) -> bool:
+    return any(a == "--loglevel" or a.startswith(("--loglevel=", "-l")) for a in command)
+
+
+def test_the_worker_commands_leave_the_log_level_to_the_settings(
+    compose: dict[str, Any],
+) -> None:
+    """A ``-l`` on the worker's command line overrides NEARDUP_LOG_LEVEL (Faust sets the
+    root logger's level from it), so the chart's settings.log_level would do nothing."""
+    commands = {"docker-compose.yml": compose["services"]["worker"]["command"]}
+    for line in (ROOT / "Dockerfile").read_text(encoding="utf-8").splitlines():
+        if line.startswith("CMD "):
+            commands["Dockerfile"] = json.loads(line[len("CMD ") :])
+    sts = (CHART / "templates" / "statefulset.yaml").read_text(encoding="utf-8")
+    (args,) = re.findall(r"^\s*args: (\[.*\])$", sts, re.MULTILINE)
+    commands["statefulset.yaml"] = json.loads(args)
+    for where, command in commands.items():
+        assert command[:4] == ["python", "-m", "worker.kafka", "worker"], where
+        assert not _names_a_log_level(command), f"{where}: {command}"

@@ -351,3 +351,41 @@ def test_the_worker_help_touches_no_broker_and_no_state(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "--without-web" in done.stdout and "cannot connect" not in done.stderr
     assert not (tmp_path / "state" / RUNNING_MARKER).exists()
+
+
+@pytest.mark.parametrize(
+    ("level", "argv", "faust_level"),
+    [
+        ("DEBUG", ["worker"], "debug"),
+        ("WARNING", ["worker", "--without-web"], "warn"),
+        ("ERROR", ["worker", "-l", "info"], "info"),  # the command line wins
+        ("DEBUG", ["worker", "--loglevel=error"], "error"),
+    ],
+)
+@pytest.mark.usefixtures("restore_logging")
+def test_the_worker_logs_at_neardup_log_level(
+    level: str, argv: list[str], faust_level: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Faust's worker sets the root logger's level from its ``-l`` (WARN by default) when
+    it starts: NEARDUP_LOG_LEVEL must reach it, or it governs only the start-up lines."""
+    import sys
+
+    from faust.cli.base import Command
+
+    from worker.kafka import __main__ as entry
+
+    seen: list[str | None] = []
+
+    def run_using_worker(self: Command, *args: object, **kwargs: object) -> None:
+        seen.append(self.loglevel)  # what Faust's worker would call setup_logging with
+        raise SystemExit(0)
+
+    monkeypatch.setattr(Command, "run_using_worker", run_using_worker)
+    monkeypatch.setattr(entry, "create_topics", lambda settings: None)
+    monkeypatch.setattr(sys, "argv", ["worker.kafka"])
+    monkeypatch.setenv("NEARDUP_LOG_LEVEL", level)
+    monkeypatch.setenv("NEARDUP_STATE_DIR", str(tmp_path))
+    with pytest.raises(SystemExit) as stopped:
+        entry.main(argv)
+    assert stopped.value.code in (0, None)
+    assert seen == [faust_level]

@@ -1,4 +1,6 @@
-"""``python -m worker.kafka worker -l info``: run one worker, configured from NEARDUP_*.
+"""``python -m worker.kafka worker``: run one worker, configured from NEARDUP_*.
+
+It logs at NEARDUP_LOG_LEVEL; Faust's ``-l``/``--loglevel``, given, overrides it.
 
 Before Faust starts, the worker's topics are created if missing, and the local table state
 is checked. A worker killed without shutting down (SIGKILL, OOM) may have written to its
@@ -179,6 +181,22 @@ def exit_later(error: BaseException, grace_s: float = FATAL_GRACE_S) -> threadin
     return timer
 
 
+#: NEARDUP_LOG_LEVEL as Faust's ``--loglevel`` spells it (it has no "warning").
+FAUST_LOGLEVELS = {"DEBUG": "debug", "INFO": "info", "WARNING": "warn", "ERROR": "error"}
+
+
+def with_log_level(argv: list[str], log_level: str) -> list[str]:
+    """Faust's command line, logging at ``log_level`` unless it names a level itself.
+
+    Faust sets the root logger's level when its worker starts, from ``-l`` or its own
+    default (WARN): without this, NEARDUP_LOG_LEVEL would only govern the lines logged
+    before that."""
+    if any(a == "--loglevel" or a.startswith(("--loglevel=", "-l")) for a in argv):
+        return argv
+    # a top-level option: every command takes it, and it comes before the command's own
+    return ["--loglevel", FAUST_LOGLEVELS[log_level], *argv]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # A file size limit (RLIMIT_FSIZE) would kill the worker with SIGXFSZ at the first
@@ -217,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         if not {"--with-web", "--without-web"} & set(argv):
             # Faust's own web server would bind 0.0.0.0:6066; ours is worker.kafka.http
             argv = [*argv, "--without-web"]
-        sys.argv = [sys.argv[0], *argv]
+        sys.argv = [sys.argv[0], *with_log_level(argv, settings.log_level)]
         try:
             worker.main()
         except SystemExit as exc:
@@ -243,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                     "at the next start, and the tables catch up from the changelog"
                 )
         return 0
-    sys.argv = [sys.argv[0], *argv]
+    sys.argv = [sys.argv[0], *with_log_level(argv, settings.log_level)]
     worker.main()
     return 0
 
