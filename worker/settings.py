@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.config import EngineConfig
@@ -102,10 +102,11 @@ class Settings(BaseSettings):
     http_port: int = Field(default=8080, ge=0, le=65535)
     #: Broker security: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (NEARDUP_SECURITY_PROTOCOL).
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    #: SASL mechanism and credentials (NEARDUP_SASL_MECHANISM, _USERNAME, _PASSWORD).
+    #: SASL mechanism and credentials (NEARDUP_SASL_MECHANISM, _USERNAME, _PASSWORD); a
+    #: SASL protocol needs both user name and password.
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
+    sasl_username: str | None = Field(default=None, validate_default=True)
+    sasl_password: SecretStr | None = Field(default=None, validate_default=True)
     #: CA bundle for TLS (NEARDUP_SSL_CAFILE).
     ssl_cafile: str | None = None
     #: Log level (NEARDUP_LOG_LEVEL).
@@ -120,6 +121,20 @@ class Settings(BaseSettings):
         if not hosts or any(":" not in h for h in hosts):
             raise ValueError("NEARDUP_BROKERS must be host:port[,host:port...]")
         return ",".join(hosts)
+
+    @field_validator("sasl_username", "sasl_password")
+    @classmethod
+    def _sasl_credentials(
+        cls, value: str | SecretStr | None, info: ValidationInfo
+    ) -> str | SecretStr | None:
+        # Refused here rather than by a model validator: pydantic's error would print the
+        # whole input, password included. This one's input is empty, so shows nothing.
+        protocol = str(info.data.get("security_protocol", ""))
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if protocol.startswith("SASL_") and not text:
+            variable = f"NEARDUP_{info.field_name or ''}".upper()
+            raise ValueError(f"NEARDUP_SECURITY_PROTOCOL={protocol} needs {variable}")
+        return value
 
     def engine_config(self) -> EngineConfig:
         return self.engine.config()

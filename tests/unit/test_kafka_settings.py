@@ -389,3 +389,32 @@ def test_the_worker_logs_at_neardup_log_level(
         entry.main(argv)
     assert stopped.value.code in (0, None)
     assert seen == [faust_level]
+
+
+@pytest.mark.parametrize(
+    ("env", "missing"),
+    [
+        ({"NEARDUP_SASL_USERNAME": "neardup"}, "NEARDUP_SASL_PASSWORD"),
+        (
+            {"NEARDUP_SASL_USERNAME": "neardup", "NEARDUP_SASL_PASSWORD": ""},
+            "NEARDUP_SASL_PASSWORD",
+        ),
+        ({"NEARDUP_SASL_PASSWORD": "s3cret-pw-in-env"}, "NEARDUP_SASL_USERNAME"),
+    ],
+)
+def test_sasl_without_credentials_is_refused_at_start(
+    env: dict[str, str], missing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not left to aiokafka, whose ValueError (PLAIN) names none of the variables, or
+    which tries SCRAM without a password; and the refusal never shows the password."""
+    monkeypatch.setenv("NEARDUP_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("NEARDUP_SASL_MECHANISM", "SCRAM-SHA-512")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=f"SASL_SSL needs {missing}") as caught:
+        Settings()
+    assert "s3cret-pw-in-env" not in str(caught.value) + repr(caught.value)
+    # PLAINTEXT and SSL need neither
+    monkeypatch.delenv("NEARDUP_SASL_USERNAME", raising=False)
+    monkeypatch.delenv("NEARDUP_SASL_PASSWORD", raising=False)
+    assert Settings(security_protocol="SSL").sasl_password is None  # type: ignore[arg-type]
