@@ -79,6 +79,9 @@ a float64, which would print 5242880 as 5.24288e+06; whole numbers print as inte
 {{- fail (printf "settings.security_protocol is %s: set settings.sasl_password or existingSecret.name (NEARDUP_SASL_PASSWORD)" $s.security_protocol) }}
 {{- end }}
 {{- end }}
+{{- if lt (int $s.http_port) 1 }}
+{{- fail "settings.http_port (NEARDUP_HTTP_PORT) is 0: the worker would listen on a port of the kernel's choosing, which the container port, the probes and Prometheus cannot name. Set a port from 1 to 65535" }}
+{{- end }}
 {{- if not (hasPrefix "/" (toString $s.state_dir)) }}
 {{- fail "settings.state_dir (NEARDUP_STATE_DIR) must be an absolute path: the state volume is mounted there" }}
 {{- end }}
