@@ -345,7 +345,7 @@ def test_a_slow_downstream_applies_backpressure(
     stop = threading.Event()
     try:
         # a small backlog limit, so that this short run pauses reading raw pages
-        w = d.worker(0, env={"NEARDUP_MAX_BACKLOG": "10"}).start()
+        w = d.worker(0, env={"NEARDUP_MAX_BACKLOG": "2"}).start()
         assert w.proc is not None
         pid = w.proc.pid
 
@@ -377,17 +377,18 @@ def test_a_slow_downstream_applies_backpressure(
     pages, out = accounted(values, ref, d)
     third = max(1, len(samples) // 3)
     early, late = max(samples[:third]), max(samples[-third:])
+    pauses = re.search(r"^neardup_raw_pauses_total (\S+)$", metrics, re.M)
     print(
         f"slow downstream ({quota // 1024} KiB/s): {pages} pages in, {out} out in "
         f"{elapsed:.0f} s; peak RSS {max(samples) / 2**20:.0f} MiB "
-        f"(first third {early / 2**20:.0f}, last third {late / 2**20:.0f})"
+        f"(first third {early / 2**20:.0f}, last third {late / 2**20:.0f}); raw "
+        f"partitions paused {pauses.group(1) if pauses else '?'} times"
     )
     # the quota really held the worker back: its state writes alone exceed it for a while
     assert elapsed > 10, "the quota did not slow the worker: not a slow downstream"
     # no growth with the backlog: the last third of the run holds no more than the first
     assert late < early + 128 * 2**20, "memory grew while the outputs were throttled"
     # the worker held raw pages back while the sequencer was behind, and let them in again
-    pauses = re.search(r"^neardup_raw_pauses_total (\S+)$", metrics, re.M)
     assert pauses is not None and float(pauses.group(1)) >= 1, metrics
 
 
