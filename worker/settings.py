@@ -8,6 +8,8 @@ values never appear in ``repr``, logs or metrics.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
@@ -138,3 +140,32 @@ class Settings(BaseSettings):
 
     def engine_config(self) -> EngineConfig:
         return self.engine.config()
+
+
+#: NEARDUP_* variables that other parts of the project read: the lexicon cache (``worker.
+#: fingerprint``), scripts/get-helm.sh's, the fault tests' seed, and every NEARDUP_KAFKA_*
+#: of scripts/kafka-local.sh. Not settings, and not typos of one.
+OTHER_VARIABLES = ("NEARDUP_CACHE_DIR", "NEARDUP_TOOLS", "NEARDUP_HELM_VERSION",
+                   "NEARDUP_FAULT_SEED")  # fmt: skip
+OTHER_PREFIXES = ("NEARDUP_KAFKA_",)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each NEARDUP_* variable in ``environ`` that no setting reads, naming
+    the setting it is closest to: a misspelt one is otherwise ignored without a word, and
+    the worker runs on the default. (A misspelt NEARDUP_ENGINE__* is refused at start.)"""
+    known = {f"NEARDUP_{name.upper()}" for name in Settings.model_fields}
+    names = sorted(known | set(OTHER_VARIABLES))
+    out = []
+    for var in sorted(environ):
+        name = var.upper()  # the settings read their variables in any case
+        if (
+            not name.startswith("NEARDUP_")
+            or name in names
+            or name.startswith(("NEARDUP_ENGINE__", *OTHER_PREFIXES))
+        ):
+            continue
+        near = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        out.append(f"{var} is set but is not a setting of the worker: ignored{hint}")
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -418,3 +419,41 @@ def test_sasl_without_credentials_is_refused_at_start(
     monkeypatch.delenv("NEARDUP_SASL_USERNAME", raising=False)
     monkeypatch.delenv("NEARDUP_SASL_PASSWORD", raising=False)
     assert Settings(security_protocol="SSL").sasl_password is None  # type: ignore[arg-type]
+
+
+def test_a_misspelt_variable_is_named_with_the_setting_it_is_closest_to() -> None:
+    from worker.settings import unknown_variables
+
+    environ = {
+        "NEARDUP_BROKER": "kafka:9092",  # the setting is NEARDUP_BROKERS
+        "neardup_max_backlogg": "10",  # any case, as the settings read them
+        "NEARDUP_NONSENSE": "1",
+        "NEARDUP_BROKERS": "kafka:9092",
+        "NEARDUP_ENGINE__K1": "3",
+        "NEARDUP_CACHE_DIR": "/tmp/x",
+        "NEARDUP_KAFKA_PORT": "19092",
+        "PATH": "/bin",
+    }
+    assert unknown_variables(environ) == [
+        "NEARDUP_BROKER is set but is not a setting of the worker: ignored; did you mean "
+        "NEARDUP_BROKERS?",
+        "NEARDUP_NONSENSE is set but is not a setting of the worker: ignored",
+        "neardup_max_backlogg is set but is not a setting of the worker: ignored; did you "
+        "mean NEARDUP_MAX_BACKLOG?",
+    ]
+
+
+def test_every_variable_the_deployments_set_is_a_setting() -> None:
+    """The chart's and compose's variables, as the worker would see them: no warning."""
+    from worker.settings import unknown_variables
+
+    root = Path(__file__).resolve().parents[2]
+    deployments = [
+        root / "docker-compose.yml",
+        root / "Dockerfile",
+        *(root / "helm").rglob("*.yaml"),
+    ]
+    text = "".join(p.read_text() for p in deployments)
+    names = set(re.findall(r"\bNEARDUP_[A-Z0-9_]+\b", text))
+    assert len(names) > 20
+    assert unknown_variables(dict.fromkeys(names, "x")) == []

@@ -27,7 +27,7 @@ from pathlib import Path
 from worker.kafka import freshness, undo
 from worker.kafka.security import connection_problem, describe, install_log_redaction
 from worker.kafka.topics import ensure_topics_sync, tombstone_retention_ms
-from worker.settings import Settings
+from worker.settings import Settings, unknown_variables
 
 log = logging.getLogger("worker.kafka")
 
@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for warning in unknown_variables(os.environ):
+        log.warning("%s", warning)
     from worker.kafka.app import Worker
 
     worker = Worker(settings)
