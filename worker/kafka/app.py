@@ -913,5 +913,5 @@ class Worker:
         return self.ready and not self.app.rebalancing
 
     def main(self) -> None:
-        """Run Faust's command line (``worker -l info``)."""
+        """Run Faust's command line (``worker``)."""
         self.app.main()
