@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import hashlib
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import orjson
 import pybase64
 
-from worker.records import RawPage, Reason, Rejected
+from worker.records import RawMessage, RawPage, Reason, Rejected
 
 if TYPE_CHECKING:  # jsonschema is imported when first needed: nearly every message takes
     # the fast path, and the import costs 0.1-0.2 s of CPU at every start.
@@ -392,3 +393,11 @@ def parse_raw(line: bytes | str, max_bytes: int) -> RawPage | Rejected:
         body=body,
         site=_str_field(obj, "site"),
     )
+
+
+def parse_message(msg: RawMessage, max_bytes: int) -> RawPage | Rejected:
+    """``parse_raw`` of the message, its rejection's detail led by where it came from."""
+    result = parse_raw(msg.line, max_bytes)
+    if isinstance(result, Rejected) and msg.where:
+        return dataclasses.replace(result, detail=f"{msg.where}: {result.detail}")
+    return result

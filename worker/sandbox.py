@@ -31,6 +31,10 @@ Workers are a resource boundary, not a security boundary: they run as the same u
 get a minimal environment all the same (no broker credentials), and the parent reads
 nothing from them but JSON and raw byte strings, never a pickle, so a worker subverted by
 a page cannot make the parent run code through the pipe.
+
+A page goes to a worker parsed (``RawPage``: the command line) or as the message it came
+in (``RawMessage``: the Kafka worker), which the worker parses, and whose page id, URL and
+times the parent then takes from the worker's answer.
 """
 
 from __future__ import annotations
@@ -63,9 +67,10 @@ from typing import Any, TypeVar
 import orjson
 
 from worker.config import EngineConfig
+from worker.contract import parse_message
 from worker.engine import STAGES, Analysed, Stats, analyse, extract_page, refuse_unencodable
 from worker.fingerprint import Fingerprints
-from worker.records import Extracted, RawPage, Reason, Rejected
+from worker.records import Extracted, RawMessage, RawPage, Reason, Rejected
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +172,18 @@ def _page_frame(page: RawPage, job: str = ANALYSE) -> bytes:
     return _frame(header, body)
 
 
+def _message_frame(msg: RawMessage, job: str = ANALYSE) -> bytes:
+    """A message not parsed yet: the worker parses it (``contract.parse_message``)."""
+    return _frame({"raw": True, "where": msg.where, "job": job}, msg.line)
+
+
+_PAGE_FIELDS = ("page_id", "url", "fetched_at", "content_type", "site")
+
+
+def _page_meta(page: RawPage) -> dict[str, Any]:
+    return {name: getattr(page, name) for name in _PAGE_FIELDS}
+
+
 def _page_from(header: dict[str, Any], payload: bytes) -> tuple[RawPage, bytes | None]:
     """The page of a frame, and a text body's UTF-8 (the payload itself) for ``decode``,
     which then need not encode it again; None for a byte body, or a text body that held
@@ -195,11 +212,18 @@ _ANALYSED_FIELDS = tuple(
 )
 
 
-def _result_frame(result: _Result, seconds: dict[str, float], retire: bool) -> bytes:
+def _result_frame(
+    result: _Result, seconds: dict[str, float], retire: bool, parsed: bool = False
+) -> bytes:
+    """``parsed``: the worker parsed the page from a message, and the parent, which has
+    no page of its own, needs its fields (never its body)."""
     header: dict[str, Any] = {"seconds": seconds, "retire": retire}
     if isinstance(result, Rejected):
-        header["rejected"] = {"reason": str(result.reason), "detail": result.detail}
+        header["rejected"] = {"reason": str(result.reason), "detail": result.detail,
+                              "page_id": result.page_id, "url": result.url}  # fmt: skip
         return _frame(header)
+    if parsed:
+        header["page"] = _page_meta(result.page)
     if isinstance(result, Extracted):
         header["extracted"] = {"title": result.title, "paragraphs": result.paragraphs}
         return _frame(header)
@@ -217,11 +241,16 @@ def _result_frame(result: _Result, seconds: dict[str, float], retire: bool) -> b
     return _frame(header, b"".join(blobs))
 
 
-def _result_from(header: dict[str, Any], payload: bytes, page: RawPage) -> _Result:
-    """The child's answer for ``page``; the page itself is the parent's own copy."""
+def _result_from(header: dict[str, Any], payload: bytes, item: RawPage | RawMessage) -> _Result:
+    """The child's answer for ``item``: a page is the parent's own copy; a message's page
+    is made from the fields the child parsed, without its body (nothing after the
+    analysis reads it)."""
     if "rejected" in header:
         rej = header["rejected"]
-        return Rejected(Reason(rej["reason"]), str(rej["detail"]), page.page_id, page.url)
+        ids = (item.page_id, item.url) if isinstance(item, RawPage) else (
+            _opt_str(rej.get("page_id")), _opt_str(rej.get("url")))  # fmt: skip
+        return Rejected(Reason(rej["reason"]), str(rej["detail"]), *ids)
+    page = item if isinstance(item, RawPage) else _parsed_page(header["page"])
     if "extracted" in header:
         ext = header["extracted"]
         return Extracted(page, str(ext["title"]), tuple(str(p) for p in ext["paragraphs"]))
@@ -240,6 +269,17 @@ def _result_from(header: dict[str, Any], payload: bytes, page: RawPage) -> _Resu
         k: tuple(v) if isinstance(v, list) else v for k, v in header["analysed"].items()
     }
     return Analysed(page=page, fps=Fingerprints(**fps), **analysed)
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _parsed_page(meta: dict[str, Any]) -> RawPage:
+    fields = {name: _opt_str(meta[name]) for name in _PAGE_FIELDS}
+    if any(fields[name] is None for name in _PAGE_FIELDS if name != "site"):
+        raise ValueError("sandbox reply: a parsed page without its identity")
+    return RawPage(body="", **fields)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------ blocking I/O, in the worker
@@ -314,19 +354,34 @@ def _limit_memory(max_mb: int, meter: _Meter) -> int:
 
 
 def _analyse_one(
-    page: RawPage, cfg: EngineConfig, stats: Stats, utf8: bytes | None = None, job: str = ANALYSE
+    item: RawPage | RawMessage,
+    cfg: EngineConfig,
+    stats: Stats,
+    utf8: bytes | None = None,
+    job: str = ANALYSE,
 ) -> _Result:
+    page: RawPage | None = item if isinstance(item, RawPage) else None
     try:
+        if page is None:
+            assert isinstance(item, RawMessage)
+            parsed = parse_message(item, cfg.max_bytes)
+            if isinstance(parsed, Rejected):
+                return parsed
+            page = parsed
         if job == EXTRACT:
             return extract_page(page, cfg, stats, utf8)
         return analyse(page, cfg, stats, utf8)
     except MemoryError:
         detail = f"analysis needed more than {cfg.extract_max_mb} MiB"
-        return Rejected(Reason.TOO_LARGE, detail, page.page_id, page.url)
+        return Rejected(Reason.TOO_LARGE, detail, *_ids_of(page))
     except Exception as exc:  # a bug, not bad input: logged here, dead-lettered there
-        log.exception("analyse failed on page %s (%s)", page.page_id, page.url)
+        log.exception("analyse failed on page %s (%s)", *_ids_of(page))
         detail = f"{type(exc).__name__}: {exc}"[:500]
-        return Rejected(Reason.INTERNAL, detail, page.page_id, page.url)
+        return Rejected(Reason.INTERNAL, detail, *_ids_of(page))
+
+
+def _ids_of(page: RawPage | None) -> tuple[str | None, str | None]:
+    return (None, None) if page is None else (page.page_id, page.url)
 
 
 def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
@@ -340,9 +395,14 @@ def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
             header, payload = _read_frame_blocking(rfd)
         except EOFError:
             return
-        page, utf8 = _page_from(header, payload)
+        item: RawPage | RawMessage
+        utf8: bytes | None = None
+        if header.get("raw"):
+            item = RawMessage(payload, str(header.get("where", "")))
+        else:
+            item, utf8 = _page_from(header, payload)
         stats = Stats()
-        result = _analyse_one(page, cfg, stats, utf8, header.get("job", ANALYSE))
+        result = _analyse_one(item, cfg, stats, utf8, header.get("job", ANALYSE))
         # VmPeak covers the worker's whole life, so it is read after every page (8 us): a
         # page that came near the limit retires the worker, and a later failure is never
         # blamed on a peak of an earlier page.
@@ -356,10 +416,11 @@ def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
             # cannot allocate reports "Can't parse HTML": near the limit, the failure is
             # the page's size.
             detail = f"analysis needed more than {cfg.extract_max_mb} MiB ({result.detail})"
-            result = Rejected(Reason.TOO_LARGE, detail[:500], page.page_id, page.url)
+            result = Rejected(Reason.TOO_LARGE, detail[:500], result.page_id, result.url)
             exhausted = True
         retire = exhausted or (bool(limit) and meter.vm_bytes()[1] > retire_rss)
-        _write_all_blocking(wfd, _result_frame(result, stats.seconds, retire))
+        reply = _result_frame(result, stats.seconds, retire, isinstance(item, RawMessage))
+        _write_all_blocking(wfd, reply)
         if retire:
             return
 
@@ -638,9 +699,12 @@ class _Worker:
 _Kind = TypeVar("_Kind", Analysed, Extracted)
 
 
+_Item = TypeVar("_Item", bound=RawPage | RawMessage | Rejected)
+
+
 def _of_kind(
-    answers: Generator[tuple[RawPage | Rejected, _Result], None, None], kind: type[_Kind]
-) -> Generator[tuple[RawPage | Rejected, _Kind | Rejected], None, None]:
+    answers: Generator[tuple[_Item, _Result], None, None], kind: type[_Kind]
+) -> Generator[tuple[_Item, _Kind | Rejected], None, None]:
     """The answers of one job, each a ``kind`` or a ``Rejected``; closing this closes
     ``answers`` (which then stops the worker if pages are still written ahead)."""
     try:
@@ -733,24 +797,26 @@ class Sandbox:
         raise AssertionError("unreachable")
 
     def stream(
-        self, items: Iterable[RawPage | Rejected], stats: Stats | None = None
-    ) -> Generator[tuple[RawPage | Rejected, Analysed | Rejected], None, None]:
+        self, items: Iterable[_Item], stats: Stats | None = None
+    ) -> Generator[tuple[_Item, Analysed | Rejected], None, None]:
         """``(item, analyse(item))`` for each page of ``items``, in their order, bounded as
         ``analyse`` is; an item that is already a ``Rejected`` comes back as its own result.
+        A ``RawMessage`` is parsed by the worker (``contract.parse_message``): its result is
+        the page's rejection or analysis, whose page has no body.
         Reads up to ``LOOKAHEAD`` pages ahead of the one it hands back. Never raises for a
         page: when no worker can be started, the page is rejected as ``internal``."""
         return _of_kind(self._stream(items, ANALYSE, stats), Analysed)
 
     def extracted(
-        self, items: Iterable[RawPage | Rejected]
-    ) -> Generator[tuple[RawPage | Rejected, Extracted | Rejected], None, None]:
+        self, items: Iterable[_Item]
+    ) -> Generator[tuple[_Item, Extracted | Rejected], None, None]:
         """``(item, extract_page(item))`` for each page of ``items``, bounded as
         ``stream`` bounds the analysis."""
         return _of_kind(self._stream(items, EXTRACT, None), Extracted)
 
     def _stream(
-        self, items: Iterable[RawPage | Rejected], job: str, stats: Stats | None
-    ) -> Generator[tuple[RawPage | Rejected, _Result], None, None]:
+        self, items: Iterable[_Item], job: str, stats: Stats | None
+    ) -> Generator[tuple[_Item, _Result], None, None]:
         source = iter(items)
         queue: deque[_Pending] = deque()
         more = True
@@ -777,19 +843,29 @@ class Sandbox:
                 # pages nobody asks for any more, ahead of the next caller's.
                 self._drop_worker()
 
-    @staticmethod
-    def _pending(item: RawPage | Rejected, job: str) -> _Pending:
+    def _pending(self, item: RawPage | RawMessage | Rejected, job: str) -> _Pending:
         if isinstance(item, Rejected):
             return _Pending(item, result=item)
-        refused = refuse_unencodable(item)  # here too: the sandbox's own dead letters
-        if refused is not None:
-            return _Pending(item, result=refused)
+        if isinstance(item, RawPage):
+            refused = refuse_unencodable(item)  # here too: the sandbox's own dead letters
+            if refused is not None:
+                return _Pending(item, result=refused)
         try:
+            if isinstance(item, RawMessage):
+                return _Pending(item, _message_frame(item, job))
             return _Pending(item, _page_frame(item, job))
         except Exception as exc:  # no memory for the frame: the page, not the stream, fails
-            log.exception("page %s (%s): no frame for the sandbox", item.page_id, item.url)
+            log.exception("page %s (%s): no frame for the sandbox", *self._ids(item))
             detail = f"{type(exc).__name__}: {exc}"[:500]
-            return _Pending(item, result=Rejected(Reason.INTERNAL, detail, item.page_id, item.url))
+            return _Pending(item, result=self._rejected(item, Reason.INTERNAL, detail))
+
+    def _ids(self, item: RawPage | RawMessage) -> tuple[str | None, str | None]:
+        """The page id and URL of ``item``, for a rejection the worker did not make: a
+        message is parsed here for them, which only a failed page costs."""
+        if isinstance(item, RawMessage):
+            parsed = parse_message(item, self.cfg.max_bytes)
+            return parsed.page_id, parsed.url
+        return item.page_id, item.url
 
     @staticmethod
     def _in_flight(queue: deque[_Pending]) -> int:
@@ -809,7 +885,7 @@ class Sandbox:
             try:
                 worker = self._ensure_worker()
             except SandboxError as exc:  # a fault of the host, not of the page
-                log.error("page %s (%s): %s", p.item.page_id, p.item.url, exc)
+                log.error("page %s (%s): %s", *self._ids(p.item), exc)
                 p.result = self._rejected(p.item, Reason.INTERNAL, f"SandboxError: {exc}"[:500])
                 continue
             if waiting and waiting + len(p.frame) > worker.capacity:
@@ -855,7 +931,7 @@ class Sandbox:
             return
         except (EOFError, OSError):
             how = self._restart(queue)
-            log.warning("sandbox worker died on page %s (%s): %s", page.page_id, page.url, how)
+            log.warning("sandbox worker died on page %s (%s): %s", *self._ids(page), how)
             head.result = self._rejected(page, Reason.INTERNAL,
                                          f"the sandbox worker died on it ({how})")  # fmt: skip
             return
@@ -883,15 +959,14 @@ class Sandbox:
             p.sent = False
         return how
 
-    def _timeout(self, page: RawPage) -> Rejected:
+    def _timeout(self, page: RawPage | RawMessage) -> Rejected:
         limit = self.cfg.extract_timeout_s
         log.warning("page %s (%s) took over %s s; its sandbox worker was killed",
-                    page.page_id, page.url, limit)  # fmt: skip
+                    *self._ids(page), limit)  # fmt: skip
         return self._rejected(page, Reason.TIMEOUT, f"analysis took more than {limit} s")
 
-    @staticmethod
-    def _rejected(page: RawPage, reason: Reason, detail: str) -> Rejected:
-        return Rejected(reason, detail, page.page_id, page.url)
+    def _rejected(self, page: RawPage | RawMessage, reason: Reason, detail: str) -> Rejected:
+        return Rejected(reason, detail, *self._ids(page))
 
     def close(self) -> None:
         """Stop the worker (a new one starts if the sandbox is used again)."""

@@ -25,11 +25,11 @@ from tests.fuzz import inputs
 from tests.fuzz.inputs import b64_message, good_line, line, message, page_html
 from worker import cli
 from worker.config import EngineConfig
-from worker.contract import parse_raw, validate
+from worker.contract import parse_message, parse_raw, validate
 from worker.decode import decode
 from worker.engine import Analysed, Engine, Outcome, analyse, page_order
 from worker.extract import EXTRACTORS, extract
-from worker.records import Decoded, Extracted, RawPage, Reason, Rejected
+from worker.records import Decoded, Extracted, RawMessage, RawPage, Reason, Rejected
 from worker.sandbox import Sandbox
 from worker.store import MemoryKV
 
@@ -993,3 +993,66 @@ def test_sandbox_a_page_that_came_near_the_limit_retires_its_worker(
         os.waitpid(pid, 0)
     assert answers["small"]["retire"] is False and "extracted" in answers["small"]
     assert answers["big"]["retire"] is True and "extracted" in answers["big"]
+
+
+def _raw_messages(rng: random.Random) -> list[RawMessage]:
+    """Lines as a JSONL file holds them: pages (text and base64 GBK), lines that are not a
+    page, and one whose analysis runs past a 1 s limit."""
+    lines = [good_line(rng, f"https://a.example.cn/{i}") for i in range(6)]
+    gbk = page_html(inputs.article(rng), charset="gbk").encode("gbk")
+    lines.insert(1, line(b64_message("https://gbk.example.cn/1", gbk)))
+    lines.insert(3, b'{"url": "https://broken.example.cn/x", "html": "<p>')
+    lines.insert(4, line({**_OK, "fetched_at": "yesterday"}))
+    lines.insert(6, line(message("https://slow.example.cn/a", inputs.attribute_flood(60_000))))
+    return [RawMessage(raw, f"pages.jsonl:{n}") for n, raw in enumerate(lines, 1)]
+
+
+def test_sandbox_parses_raw_messages_as_the_parent_would(rng: random.Random) -> None:
+    """A message not parsed yet is parsed by the worker: the same rejection (its detail
+    led by where it came from) or the same analysis, whose page has no body; a message
+    that times out is named by the parent, which parses it only then."""
+    cfg = CFG.with_overrides(extract_timeout_s=1.0)
+    items = _raw_messages(rng)
+    with Sandbox(cfg) as sandbox:
+        out = list(sandbox.stream(items))
+    assert [item for item, _ in out] == items
+    for msg, boxed in out:
+        parsed = parse_message(msg, cfg.max_bytes)
+        if isinstance(parsed, Rejected):
+            assert isinstance(boxed, Rejected) and parsed.detail.startswith(msg.where)
+            assert (boxed.reason, boxed.detail) == (parsed.reason, parsed.detail)
+            assert (boxed.page_id, boxed.url) == (parsed.page_id, parsed.url)
+        elif parsed.url.startswith("https://slow."):
+            rejected = check_rejected(boxed, Reason.TIMEOUT, "more than 1.0 s")
+            assert (rejected.page_id, rejected.url) == (parsed.page_id, parsed.url)
+        else:
+            expect = analyse(parsed, IN_PROCESS)
+            assert isinstance(expect, Analysed) and isinstance(boxed, Analysed)
+            assert boxed == dataclasses.replace(expect, page=dataclasses.replace(parsed, body=""))
+    assert sum(isinstance(b, Analysed) for _, b in out) == 7
+
+
+def test_the_analyse_stage_gives_the_same_with_and_without_sandbox(rng: random.Random) -> None:
+    """The worker's analyse stage on raw-topic values: parsed and analysed in the
+    sandbox's child, or parsed and analysed in this process, the same analyses and the
+    same rejections."""
+    from worker.engine import Stats
+    from worker.kafka.stage import analyse_messages
+
+    raws: list[bytes | None] = [m.line for m in _raw_messages(rng)]
+    raws.insert(2, None)  # a tombstone
+    cfg = CFG.with_overrides(extract_timeout_s=1.0)
+    with Sandbox(cfg) as sandbox:
+        boxed = list(analyse_messages(raws, cfg, Stats(), sandbox))
+    here = list(analyse_messages(raws, IN_PROCESS, Stats()))
+    assert len(boxed) == len(here) == len(raws)
+    for raw, b, h in zip(raws, boxed, here, strict=True):
+        if raw is not None and b"slow.example.cn" in raw:
+            check_rejected(b, Reason.TIMEOUT)
+            assert isinstance(h, Analysed)  # no time limit in this process
+        elif isinstance(h, Rejected):
+            assert isinstance(b, Rejected), b
+            assert (b.reason, b.detail, b.page_id, b.url) == (h.reason, h.detail, h.page_id, h.url)
+        else:
+            assert b == dataclasses.replace(h, page=dataclasses.replace(h.page, body=""))
+    assert sum(isinstance(b, Analysed) for b in boxed) == 7

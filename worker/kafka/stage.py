@@ -41,7 +41,7 @@ from worker.kafka.wire import (
     analysed_from_json,
     analysed_to_json,
 )
-from worker.records import RawPage, Reason, Rejected
+from worker.records import RawMessage, RawPage, Reason, Rejected
 from worker.store import KV, check_marker
 
 log = logging.getLogger(__name__)
@@ -89,11 +89,11 @@ def analyse_messages(
     bounded in time and memory, its child analysing the next pages while the caller
     handles one (``Sandbox.stream``, as ``Engine.process_many``; ``raws`` is read a few
     messages ahead). None runs ``analyse`` here."""
-    pages = (_parse_message(raw, cfg) for raw in raws)
     if sandbox is None:
+        pages = (_parse_message(raw, cfg) for raw in raws)
         stream = ((page, _analyse_here(page, cfg, stats)) for page in pages)
-    else:
-        stream = sandbox.stream(pages, stats)
+    else:  # its worker parses the messages too: this process never holds a body as text
+        stream = sandbox.stream(map(_unparsed, raws), stats)
     try:
         for _, out in stream:
             stats.pages += 1
@@ -106,8 +106,16 @@ def analyse_messages(
 
 def _parse_message(raw: bytes | None, cfg: EngineConfig) -> RawPage | Rejected:
     if raw is None:
-        return Rejected(Reason.BAD_JSON, "message has no value")
+        return _no_value()
     return parse_raw(raw, cfg.max_bytes)
+
+
+def _unparsed(raw: bytes | None) -> RawMessage | Rejected:
+    return _no_value() if raw is None else RawMessage(raw)
+
+
+def _no_value() -> Rejected:
+    return Rejected(Reason.BAD_JSON, "message has no value")
 
 
 def _analyse_here(page: RawPage | Rejected, cfg: EngineConfig, stats: Stats) -> Analysed | Rejected:
