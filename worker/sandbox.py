@@ -79,6 +79,11 @@ START_TIMEOUT_S = 120.0
 #: A worker whose memory grew past its idle size by this share of the memory limit retires
 #: after the page: memory once taken is not given back to the system.
 RETIRE_SHARE = 0.5
+#: Bytes of address space that parsing a message takes, per byte of it: orjson reserves
+#: its worst case up front (12.2-12.5 times the line, measured on 2, 8 and 20 MB lines
+#: under RLIMIT_AS), and the worker holds the message's bytes besides. A message that
+#: could not be parsed within half of ``extract_max_mb`` is parsed in the parent.
+PARSE_BYTES_PER_BYTE = 16
 #: Pipe buffer asked for (Linux caps it at /proc/sys/fs/pipe-max-size, 1 MiB by default).
 PIPE_BYTES = 1 << 20
 
@@ -732,6 +737,13 @@ class _Pending:
     broken_writes: int = 0
     #: Workers its frame was written to.
     writes: int = 0
+    #: A message's page, parsed by the parent (``Sandbox._pending``): what the worker got.
+    page: RawPage | None = None
+
+    @property
+    def work(self) -> Any:
+        """What the worker is given: the item, or the page parsed from it here."""
+        return self.item if self.page is None else self.page
 
 
 class Sandbox:
@@ -850,14 +862,39 @@ class Sandbox:
             refused = refuse_unencodable(item)  # here too: the sandbox's own dead letters
             if refused is not None:
                 return _Pending(item, result=refused)
+        elif self._parses_here(item):
+            return self._parsed_here(item, job)
         try:
             if isinstance(item, RawMessage):
                 return _Pending(item, _message_frame(item, job))
             return _Pending(item, _page_frame(item, job))
-        except Exception as exc:  # no memory for the frame: the page, not the stream, fails
-            log.exception("page %s (%s): no frame for the sandbox", *self._ids(item))
-            detail = f"{type(exc).__name__}: {exc}"[:500]
-            return _Pending(item, result=self._rejected(item, Reason.INTERNAL, detail))
+        except Exception as exc:
+            return _Pending(item, result=self._no_frame(item, exc))
+
+    def _parsed_here(self, msg: RawMessage, job: str) -> _Pending:
+        parsed = parse_message(msg, self.cfg.max_bytes)
+        if isinstance(parsed, Rejected):
+            return _Pending(msg, result=parsed)
+        page = dataclasses.replace(parsed, body="")  # as the worker's answer would be
+        pending = _Pending(msg, page=page)
+        try:
+            pending.frame = _page_frame(parsed, job)
+        except Exception as exc:
+            pending.result = self._no_frame(page, exc)
+        return pending
+
+    def _no_frame(self, item: RawPage | RawMessage, exc: Exception) -> Rejected:
+        # no memory for the frame: the page, not the stream, fails
+        log.exception("page %s (%s): no frame for the sandbox", *self._ids(item))
+        detail = f"{type(exc).__name__}: {exc}"[:500]
+        return self._rejected(item, Reason.INTERNAL, detail)
+
+    def _parses_here(self, msg: RawMessage) -> bool:
+        """Whether ``msg`` is too big for the worker to parse within its memory limit,
+        which it would report as bad JSON (orjson: "Not enough memory"); a page that size
+        is analysed all the same when it is parsed here."""
+        budget = RETIRE_SHARE * self.cfg.extract_max_mb * 1024 * 1024
+        return bool(budget) and len(msg.line) * PARSE_BYTES_PER_BYTE > budget
 
     def _ids(self, item: RawPage | RawMessage) -> tuple[str | None, str | None]:
         """The page id and URL of ``item``, for a rejection the worker did not make: a
@@ -885,8 +922,8 @@ class Sandbox:
             try:
                 worker = self._ensure_worker()
             except SandboxError as exc:  # a fault of the host, not of the page
-                log.error("page %s (%s): %s", *self._ids(p.item), exc)
-                p.result = self._rejected(p.item, Reason.INTERNAL, f"SandboxError: {exc}"[:500])
+                log.error("page %s (%s): %s", *self._ids(p.work), exc)
+                p.result = self._rejected(p.work, Reason.INTERNAL, f"SandboxError: {exc}"[:500])
                 continue
             if waiting and waiting + len(p.frame) > worker.capacity:
                 return False
@@ -902,11 +939,11 @@ class Sandbox:
                 p.broken_writes += 1
                 if p.broken_writes < 2:
                     return False
-                p.result = self._rejected(p.item, Reason.INTERNAL, f"sandbox workers die ({how})")
+                p.result = self._rejected(p.work, Reason.INTERNAL, f"sandbox workers die ({how})")
                 continue
             except _DeadlineError:  # the worker read nothing for the whole time limit
                 self._restart(queue)
-                p.result = self._timeout(p.item)
+                p.result = self._timeout(p.work)
                 continue
             p.sent, p.sent_at = True, now
             self.rewrites += p.writes > 0
@@ -918,7 +955,7 @@ class Sandbox:
         """Read the answer for the head of ``queue``; on a failure, reject the head and
         have the pages written after it written again, to a new worker."""
         head = queue[0]
-        page = head.item
+        page = head.work
         worker = self._worker
         assert worker is not None
         # The worker starts on a page when it has answered the one before it.

@@ -1056,3 +1056,22 @@ def test_the_analyse_stage_gives_the_same_with_and_without_sandbox(rng: random.R
         else:
             assert b == dataclasses.replace(h, page=dataclasses.replace(h.page, body=""))
     assert sum(isinstance(b, Analysed) for b in boxed) == 7
+
+
+def test_sandbox_a_message_too_big_to_parse_within_its_memory_limit(rng: random.Random) -> None:
+    """orjson reserves some 12 times a line to parse it: a page the worker could not parse
+    under ``extract_max_mb`` (it said bad_json, "Not enough memory", and lost the page id)
+    is parsed by the parent and analysed as it is in the process."""
+    html = page_html(inputs.article(rng)).replace(
+        "</body>", "<script>var s='" + "中文" * 450_000 + "';</script></body>"
+    )
+    # ASCII JSON, as many producers write it: a 5.2 MB line for 2.6 MB of HTML
+    raw = json.dumps({**_OK, "page_id": "big-1", "html": html}).encode()
+    cfg = CFG.with_overrides(extract_max_mb=64, extract_timeout_s=30.0)
+    with Sandbox(cfg) as sandbox:
+        ((_, boxed),) = sandbox.stream([RawMessage(raw)])
+    parsed = parse_raw(raw, cfg.max_bytes)
+    assert isinstance(parsed, RawPage)
+    expect = analyse(parsed, IN_PROCESS)
+    assert isinstance(expect, Analysed), expect
+    assert boxed == dataclasses.replace(expect, page=dataclasses.replace(parsed, body=""))
