@@ -741,7 +741,7 @@ class _Pending:
     page: RawPage | None = None
 
     @property
-    def work(self) -> Any:
+    def work(self) -> RawPage | RawMessage:
         """What the worker is given: the item, or the page parsed from it here."""
         return self.item if self.page is None else self.page
 
@@ -885,9 +885,9 @@ class Sandbox:
 
     def _no_frame(self, item: RawPage | RawMessage, exc: Exception) -> Rejected:
         # no memory for the frame: the page, not the stream, fails
-        log.exception("page %s (%s): no frame for the sandbox", *self._ids(item))
-        detail = f"{type(exc).__name__}: {exc}"[:500]
-        return self._rejected(item, Reason.INTERNAL, detail)
+        ids = self._ids(item)
+        log.exception("page %s (%s): no frame for the sandbox", *ids)
+        return Rejected(Reason.INTERNAL, f"{type(exc).__name__}: {exc}"[:500], *ids)
 
     def _parses_here(self, msg: RawMessage) -> bool:
         """Whether ``msg`` is too big for the worker to parse within its memory limit,
@@ -922,8 +922,9 @@ class Sandbox:
             try:
                 worker = self._ensure_worker()
             except SandboxError as exc:  # a fault of the host, not of the page
-                log.error("page %s (%s): %s", *self._ids(p.work), exc)
-                p.result = self._rejected(p.work, Reason.INTERNAL, f"SandboxError: {exc}"[:500])
+                ids = self._ids(p.work)
+                log.error("page %s (%s): %s", *ids, exc)
+                p.result = Rejected(Reason.INTERNAL, f"SandboxError: {exc}"[:500], *ids)
                 continue
             if waiting and waiting + len(p.frame) > worker.capacity:
                 return False
@@ -968,9 +969,9 @@ class Sandbox:
             return
         except (EOFError, OSError):
             how = self._restart(queue)
-            log.warning("sandbox worker died on page %s (%s): %s", *self._ids(page), how)
-            head.result = self._rejected(page, Reason.INTERNAL,
-                                         f"the sandbox worker died on it ({how})")  # fmt: skip
+            ids = self._ids(page)
+            log.warning("sandbox worker died on page %s (%s): %s", *ids, how)
+            head.result = Rejected(Reason.INTERNAL, f"the sandbox worker died on it ({how})", *ids)
             return
         self._answered = time.monotonic()
         try:
@@ -997,10 +998,10 @@ class Sandbox:
         return how
 
     def _timeout(self, page: RawPage | RawMessage) -> Rejected:
-        limit = self.cfg.extract_timeout_s
+        limit, ids = self.cfg.extract_timeout_s, self._ids(page)
         log.warning("page %s (%s) took over %s s; its sandbox worker was killed",
-                    *self._ids(page), limit)  # fmt: skip
-        return self._rejected(page, Reason.TIMEOUT, f"analysis took more than {limit} s")
+                    *ids, limit)  # fmt: skip
+        return Rejected(Reason.TIMEOUT, f"analysis took more than {limit} s", *ids)
 
     def _rejected(self, page: RawPage | RawMessage, reason: Reason, detail: str) -> Rejected:
         return Rejected(reason, detail, *self._ids(page))

@@ -138,19 +138,12 @@ class RocksKV:
 
 
 def _range_end(prefix: bytes) -> bytes:
-    end = _prefix_end(prefix)
-    if end is None:
-        raise ValueError("cannot delete an all-0xff prefix")
-    return end
-
-
-def _prefix_end(prefix: bytes) -> bytes | None:
     """The smallest key greater than every key that starts with ``prefix``."""
     b = bytearray(prefix)
     while b and b[-1] == 0xFF:
         b.pop()
     if not b:
-        return None
+        raise ValueError("cannot delete an all-0xff prefix")
     b[-1] += 1
     return bytes(b)
 
