@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Final
 
+import numpy as np
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from worker import config
@@ -785,6 +786,15 @@ _FLAT_TAGS: Final = frozenset({
 })  # fmt: skip
 
 
+_LT: Final = np.uint8(ord("<"))
+
+
+def _count_lt(data: bytes) -> int:
+    """How many ``<`` bytes ``data`` holds. numpy compares 16 or 32 bytes an instruction;
+    ``bytes.count`` of one byte is a plain loop: 10 against 48 us on a 114 KB page."""
+    return int(np.count_nonzero(np.frombuffer(data, np.uint8) == _LT))
+
+
 def _nesting_depth(html: str) -> int:
     """An estimate of the deepest element nesting, from start and end tags alone."""
     depth = deepest = 0
@@ -818,7 +828,7 @@ def extract(decoded: Decoded, extractor: str = DEFAULT_EXTRACTOR) -> Extracted |
     page = decoded.page
     html = decoded.html
     data = html.encode("utf-8", "replace") if decoded.utf8 is None else decoded.utf8
-    if data.count(b"<") > _TAGS_WITHOUT_DEPTH_CHECK and (  # ~0.07 ms on a 150 KB page
+    if _count_lt(data) > _TAGS_WITHOUT_DEPTH_CHECK and (
         (depth := _nesting_depth(html)) > _MAX_DEPTH
     ):
         detail = f"elements nested about {depth} deep, more than {_MAX_DEPTH}"

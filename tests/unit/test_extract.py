@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.corpus import in_a_process
-from worker.extract import DEFAULT_EXTRACTOR, EXTRACTORS, extract, strip_noise
+from worker.extract import DEFAULT_EXTRACTOR, EXTRACTORS, _count_lt, extract, strip_noise
 from worker.records import Decoded, Extracted, RawPage, Reason, Rejected
 
 GOLD = Path(__file__).resolve().parents[1] / "fixtures" / "gold" / "extraction"
@@ -471,3 +471,10 @@ def test_gold_gate_default_extractor() -> None:
     assert found / total_inc >= MIN_INCLUDE_RECALL, report
     assert leaked / total_exc <= MAX_EXCLUDE_LEAK, report
     assert titles / len(pages) >= MIN_TITLE_MATCH, report
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"<", b"no tags", b"<p>a</p>" * 5000, "<p>中文<b>字</b></p>".encode() * 999]
+)
+def test_tags_are_counted_as_bytes_count_does(data: bytes) -> None:
+    assert _count_lt(data) == data.count(b"<")
