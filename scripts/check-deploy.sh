@@ -3,8 +3,8 @@
 #   1. the Helm chart: `helm lint --strict` and `helm template` with the default values
 #      and with SASL_SSL + ServiceMonitor + engine settings; every NEARDUP_* variable the
 #      rendered manifests set must be a field of worker/settings.py; values the chart must
-#      refuse (replicas > partitions, SASL without a password, HTTP port 0) must fail to
-#      render;
+#      refuse (replicas > partitions, SASL without a password, a password without SASL,
+#      HTTP port 0) must fail to render;
 #   2. docker-compose.yml: `docker compose config` where the compose plugin (or the older
 #      docker-compose) is installed; it is skipped, with a note, where neither is;
 #   3. tests/unit/test_deploy_files.py, which checks docker-compose.yml, the Dockerfile
@@ -168,6 +168,12 @@ expect_refusal "more replicas than partitions" "more than settings.partitions" \
     --set replicaCount=7 --set settings.partitions=6
 expect_refusal "SASL without a password" "NEARDUP_SASL_PASSWORD" \
     --set settings.security_protocol=SASL_SSL --set settings.sasl_username=u
+# Under a protocol without SASL the password is never read, yet the pods would wait for its
+# Secret (existingSecret.name) or the chart would store it for nothing (sasl_password).
+expect_refusal "existingSecret.name without SASL" "uses no SASL" \
+    --set existingSecret.name=kafka-credentials
+expect_refusal "settings.sasl_password without SASL" "uses no SASL" \
+    --set settings.security_protocol=SSL --set settings.sasl_password=not-a-real-password
 expect_refusal "an HTTP port of the kernel's choosing" "settings.http_port" --set settings.http_port=0
 expect_refusal "an unknown setting" "additional properties" --set settings.log_levle=DEBUG
 expect_refusal "an unknown engine setting" "additional properties" --set settings.engine.k3=1

@@ -78,6 +78,17 @@ a float64, which would print 5242880 as 5.24288e+06; whole numbers print as inte
 {{- if not (include "neardup.saslSecretName" .) }}
 {{- fail (printf "settings.security_protocol is %s: set settings.sasl_password or existingSecret.name (NEARDUP_SASL_PASSWORD)" $s.security_protocol) }}
 {{- end }}
+{{- else if include "neardup.saslSecretName" . }}
+{{- /* The password would go unread, yet every pod would wait for its Secret; and a
+       SASL source with a protocol that has none is more often a forgotten protocol
+       than a spare credential. */}}
+{{- $source := "settings.sasl_password" }}
+{{- $value := $source }}
+{{- if .Values.existingSecret.name }}
+{{- $source = "existingSecret.name" }}
+{{- $value = printf "existingSecret.name (%s)" .Values.existingSecret.name }}
+{{- end }}
+{{- fail (printf "%s is set, but settings.security_protocol (NEARDUP_SECURITY_PROTOCOL) is %s, which uses no SASL: the pods would need a Secret the worker never reads. Set settings.security_protocol to SASL_PLAINTEXT or SASL_SSL, or unset %s" $value (toString (default "PLAINTEXT" $s.security_protocol)) $source) }}
 {{- end }}
 {{- if lt (int $s.http_port) 1 }}
 {{- fail "settings.http_port (NEARDUP_HTTP_PORT) is 0: the worker would listen on a port of the kernel's choosing, which the container port, the probes and Prometheus cannot name. Set a port from 1 to 65535" }}
