@@ -36,6 +36,12 @@ class KV(Protocol):
 
     def delete_prefix(self, prefix: bytes) -> None: ...
 
+    def write(
+        self, records: Sequence[tuple[bytes, bytes | None]], prefixes: Sequence[bytes] = ()
+    ) -> None:
+        """Deletes the keys under ``prefixes``, then puts (a value) and deletes (None), in
+        order; one atomic batch where the store has them."""
+
     def close(self) -> None: ...
 
 
@@ -215,22 +221,18 @@ class BufferedKV:
     def delete_prefix(self, prefix: bytes) -> None:
         self._prefixes.append(prefix)
 
+    def write(
+        self, records: Sequence[tuple[bytes, bytes | None]], prefixes: Sequence[bytes] = ()
+    ) -> None:
+        self._prefixes.extend(prefixes)
+        self._puts.update(records)
+
     def commit(self) -> None:
-        """Write the step: one atomic batch on ``MemoryKV`` and ``RocksKV``; on other
-        stores (the worker's journal, which batches a step itself) one call a kind."""
-        if isinstance(self.inner, (MemoryKV, RocksKV)):
-            if self._puts or self._prefixes:
-                self.inner.write(list(self._puts.items()), self._prefixes)
-            self.rollback()
-            return
-        for prefix in self._prefixes:
-            self.inner.delete_prefix(prefix)
-        puts = [(k, v) for k, v in self._puts.items() if v is not None]
-        dels = [k for k, v in self._puts.items() if v is None]
-        if puts:
-            self.inner.put_many(puts)
-        if dels:
-            self.inner.delete_many(dels)
+        """Write the step with one ``write`` of the inner store: one atomic batch in
+        RocksDB, one journal entry in the worker's state, one table write (and undo
+        record) on a partition of the worker's index."""
+        if self._puts or self._prefixes:
+            self.inner.write(list(self._puts.items()), self._prefixes)
         self.rollback()
 
     def rollback(self) -> None:

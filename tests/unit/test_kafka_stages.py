@@ -26,8 +26,9 @@ from worker.kafka import wire
 from worker.kafka.journal import JOURNAL_KEY, JournalKV, decode_ops, encode_ops
 from worker.kafka.sequence import Progress, Sequencer, key_bytes, key_from_bytes
 from worker.kafka.stage import DecideStage, Emit, analyse_messages
+from worker.kafka.tablekv import TableKV
 from worker.records import RawPage, Reason, Rejected
-from worker.store import MemoryKV
+from worker.store import BufferedKV, MemoryKV
 
 CFG = EngineConfig()
 
@@ -328,6 +329,58 @@ def test_journal_writes_the_page_record_last_and_redoes_a_cut_page() -> None:
     assert JournalKV(cut).redo_last()
     assert cut.data[b"M\x01"] == b"record" and b"Told1" not in cut.data
     assert not JournalKV(ScanMemoryKV()).redo_last()
+
+
+class _Table(dict):  # type: ignore[type-arg]
+    """A Faust table on a memory store, as far as ``TableKV`` looks."""
+
+    data = None
+
+
+def test_a_buffered_step_reaches_the_journal_and_the_tables_in_one_write() -> None:
+    """``BufferedKV.commit`` makes one ``write`` on every store: on the worker's journal
+    one entry, on a partition of its index one table write (one RocksDB batch, one undo
+    record), prefix deletes, puts and deletes together."""
+    before = [(b"T\x01old1", b"1"), (b"T\x01old2", b"2"), (b"gone", b"3"), (b"T\x02", b"4")]
+
+    def step(kv: Any) -> None:
+        buf = BufferedKV(kv)
+        buf.put_many([(b"T\x03new", b"5"), (b"T\x01old2", b"6")])
+        buf.delete_many([b"gone"])
+        buf.delete_prefix(b"T\x01")
+        buf.commit()
+
+    after = {b"T\x01old2": b"6", b"T\x02": b"4", b"T\x03new": b"5"}
+
+    inner = ScanMemoryKV()
+    inner.put_many(before)
+    writes: list[int] = []
+    real_write = inner.write
+
+    def counted(records: Any, prefixes: Any = ()) -> None:
+        writes.append(len(records))
+        real_write(records, prefixes)
+
+    inner.write = counted  # type: ignore[method-assign]
+    journal = JournalKV(inner)
+    step(journal)
+    journal.apply(1)
+    assert len(writes) == 1
+    assert {k: v for k, v in inner.data.items() if k != JOURNAL_KEY} == after
+
+    table = _Table(before)
+    kv = TableKV(table)
+    batches: list[list[tuple[bytes, bytes | None]]] = []
+
+    def fast_path(records: list[tuple[bytes, bytes | None]]) -> bool:
+        batches.append(records)
+        return False  # a memory store: TableKV writes the table item by item
+
+    kv._write = fast_path  # type: ignore[method-assign]
+    step(kv)
+    [batch] = batches
+    assert sorted(k for k, v in batch if v is None) == [b"T\x01old1", b"gone"]
+    assert dict(table) == after
 
 
 # -- the decide stage against the engine ---------------------------------------------------

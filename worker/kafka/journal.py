@@ -85,6 +85,13 @@ class JournalKV:
     def delete_prefix(self, prefix: bytes) -> None:
         self._ops.append((_DELETE_PREFIX, prefix, None))
 
+    def write(
+        self, records: Sequence[tuple[bytes, bytes | None]], prefixes: Sequence[bytes] = ()
+    ) -> None:
+        """Held like the calls above, prefixes first: ``apply`` writes them."""
+        self._ops.extend((_DELETE_PREFIX, p, None) for p in prefixes)
+        self._ops.extend((_DELETE, k, None) if v is None else (_PUT, k, v) for k, v in records)
+
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return self.inner.scan(prefix)
 

@@ -104,6 +104,11 @@ class _NoKV:
     def delete_prefix(self, prefix: bytes) -> None:
         raise AssertionError("not used")
 
+    def write(
+        self, records: Sequence[tuple[bytes, bytes | None]], prefixes: Sequence[bytes] = ()
+    ) -> None:
+        raise AssertionError("not used")
+
     def close(self) -> None:
         pass
 
@@ -135,9 +140,14 @@ class RoutedKV:
         self.local.delete_many(k for k in keys if not self._is_remote(k))
 
     def delete_prefix(self, prefix: bytes) -> None:
-        if prefix[:1] in self.prefixes:
+        self.write((), (prefix,))
+
+    def write(
+        self, records: Sequence[tuple[bytes, bytes | None]], prefixes: Sequence[bytes] = ()
+    ) -> None:
+        if any(p[:1] in self.prefixes for p in prefixes):
             raise ValueError("the routed index is not deleted by prefix")
-        self.local.delete_prefix(prefix)
+        self.local.write([(k, v) for k, v in records if not self._is_remote(k)], prefixes)
 
     def close(self) -> None:
         self.local.close()

@@ -55,14 +55,9 @@ class StateInconsistentError(RuntimeError):
 
 
 class ScanKV(KV, Protocol):
-    """A ``KV`` that can also list the items under a key prefix, in key order, and write
-    puts and deletes together."""
+    """A ``KV`` that can also list the items under a key prefix, in key order."""
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
-
-    def write(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
-        """Puts (a value) and deletes (None), in order; one atomic batch where the store
-        has them."""
 
 
 @contextmanager
@@ -399,8 +394,16 @@ class TableKV:
     def delete_prefix(self, prefix: bytes) -> None:
         self.delete_many([k for k, _ in self.scan(prefix)])
 
-    def write(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
+    def write(
+        self, records: Sequence[tuple[bytes, bytes | None]], prefixes: Sequence[bytes] = ()
+    ) -> None:
+        """Deletes the keys under ``prefixes``, then puts (a value) and deletes (None), in
+        order: in RocksDB one batch, with one undo record."""
         records = list(records)
+        if prefixes:
+            written = {k for k, _ in records}
+            under = dict.fromkeys(k for p in prefixes for k, _ in self.scan(p) if k not in written)
+            records = [(k, None) for k in under] + records
         if records and not self._write(records):
             table = self.table
             for key, value in records:
