@@ -291,20 +291,49 @@ def _parsed_page(meta: dict[str, Any]) -> RawPage:
 
 
 def _read_exact_blocking(fd: int, n: int) -> bytes:
+    """``n`` bytes of ``fd``. On a MemoryError all ``n`` are read all the same, and dropped,
+    so that the next read starts where the sender's next frame does."""
     chunks: list[bytes] = []
-    while n:
-        chunk = os.read(fd, min(n, _CHUNK))
-        if not chunk:
-            raise EOFError
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
+    try:
+        while n:
+            chunk = os.read(fd, min(n, _CHUNK))
+            if not chunk:
+                raise EOFError
+            n -= len(chunk)  # first: a MemoryError in append must not count it unread
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except MemoryError:
+        chunks.clear()  # reading on needs the memory they hold
+        while n:
+            chunk = os.read(fd, min(n, _CHUNK))
+            if not chunk:
+                raise EOFError from None
+            n -= len(chunk)
+        raise
 
 
-def _read_frame_blocking(fd: int) -> tuple[dict[str, Any], bytes]:
+def _read_item_blocking(
+    fd: int, max_mb: int
+) -> tuple[str, RawPage | RawMessage | Rejected, bytes | None]:
+    """The job and the page or message of the next frame, and the body's UTF-8 for
+    ``decode`` (``_page_from``). A body this process cannot hold under its memory limit
+    is a too_large rejection (its bytes read and dropped): the parent sends whatever
+    ``max_bytes`` lets through, which may be set near ``extract_max_mb``."""
     head_len, payload_len = _FRAME.unpack(_read_exact_blocking(fd, _FRAME.size))
     header: dict[str, Any] = _loads(_read_exact_blocking(fd, head_len))
-    return header, _read_exact_blocking(fd, payload_len)
+    job = str(header.get("job", ANALYSE))
+    try:
+        payload = _read_exact_blocking(fd, payload_len)
+        if header.get("raw"):
+            return job, RawMessage(payload, str(header.get("where", ""))), None
+        page, utf8 = _page_from(header, payload)
+        return job, page, utf8
+    except MemoryError:
+        what = "message" if header.get("raw") else "body"
+        detail = (f"analysis needed more than {max_mb} MiB: the sandbox could not hold the "
+                  f"{payload_len}-byte {what}")  # fmt: skip
+        ids = (None, None) if header.get("raw") else (header["page_id"], header["url"])
+        return job, Rejected(Reason.TOO_LARGE, detail, *ids), None
 
 
 def _write_all_blocking(fd: int, data: bytes) -> None:
@@ -397,21 +426,19 @@ def _serve(cfg: EngineConfig, rfd: int, wfd: int) -> None:
     retire_rss = meter.vm_bytes()[1] + headroom
     while True:
         try:
-            header, payload = _read_frame_blocking(rfd)
+            job, item, utf8 = _read_item_blocking(rfd, cfg.extract_max_mb)
         except EOFError:
             return
-        item: RawPage | RawMessage
-        utf8: bytes | None = None
-        if header.get("raw"):
-            item = RawMessage(payload, str(header.get("where", "")))
-        else:
-            item, utf8 = _page_from(header, payload)
         stats = Stats()
-        result = _analyse_one(item, cfg, stats, utf8, header.get("job", ANALYSE))
-        # VmPeak covers the worker's whole life, so it is read after every page (8 us): a
-        # page that came near the limit retires the worker, and a later failure is never
-        # blamed on a peak of an earlier page.
-        exhausted = bool(limit) and meter.peak_bytes() > limit - headroom
+        result: _Result
+        if isinstance(item, Rejected):  # a body it could not hold: it had to try
+            result, exhausted = item, True
+        else:
+            result = _analyse_one(item, cfg, stats, utf8, job)
+            # VmPeak covers the worker's whole life, so it is read after every page (8 us):
+            # a page that came near the limit retires the worker, and a later failure is
+            # never blamed on a peak of an earlier page.
+            exhausted = bool(limit) and meter.peak_bytes() > limit - headroom
         if (
             isinstance(result, Rejected)
             and result.reason is Reason.INTERNAL

@@ -986,7 +986,9 @@ def test_sandbox_a_page_that_came_near_the_limit_retires_its_worker(
     try:
         for name in ("small", "big"):
             sb._write_all_blocking(w1, sb._page_frame(_page("<p>x</p>", name), sb.EXTRACT))
-            answers[name] = sb._read_frame_blocking(r2)[0]
+            head_len, payload_len = sb._FRAME.unpack(sb._read_exact_blocking(r2, sb._FRAME.size))
+            answers[name] = json.loads(sb._read_exact_blocking(r2, head_len))
+            sb._read_exact_blocking(r2, payload_len)
     finally:
         os.close(w1)
         os.close(r2)
@@ -1075,3 +1077,51 @@ def test_sandbox_a_message_too_big_to_parse_within_its_memory_limit(rng: random.
     expect = analyse(parsed, IN_PROCESS)
     assert isinstance(expect, Analysed), expect
     assert boxed == dataclasses.replace(expect, page=dataclasses.replace(parsed, body=""))
+
+
+def _padded_line(rng: random.Random, page_id: str, mib: int) -> bytes:
+    """A page whose body, padded with a script, is ``mib`` MiB and more."""
+    padding = "<script>var s='" + "x" * (mib << 20) + "';</script></body>"
+    html = page_html(inputs.article(rng)).replace("</body>", padding)
+    return line(
+        {**_OK, "page_id": page_id, "url": f"https://big.example.cn/{page_id}", "html": html}
+    )
+
+
+# max_bytes may be set near, or past, extract_max_mb: 40 MiB fits in the child's 64 but
+# not twice (reading it), 72 MiB does not fit at all. Both died in the child, as internal.
+_UNREADABLE = [40, 72]
+
+
+@pytest.mark.parametrize("mib", _UNREADABLE)
+def test_sandbox_a_body_the_worker_cannot_hold_is_too_large(rng: random.Random, mib: int) -> None:
+    """A body too big for the worker to read under ``extract_max_mb`` is rejected as
+    too_large, named, once, and the messages after it are analysed."""
+    cfg = CFG.with_overrides(extract_max_mb=64, max_bytes=80 << 20, extract_timeout_s=30.0)
+    items = [RawMessage(good_line(rng, "https://ok.example.cn/1")),
+             RawMessage(_padded_line(rng, "big", mib)),
+             RawMessage(good_line(rng, "https://ok.example.cn/2"))]  # fmt: skip
+    with Sandbox(cfg) as sandbox:
+        out = [result for _, result in sandbox.stream(items)]
+        assert sandbox.starts == 2  # the worker that read it retired; no other died
+    assert isinstance(out[0], Analysed) and isinstance(out[2], Analysed), out
+    rejected = check_rejected(out[1], Reason.TOO_LARGE, "more than 64 MiB")
+    assert "could not hold" in rejected.detail, rejected.detail
+    assert (rejected.page_id, rejected.url) == ("big", "https://big.example.cn/big")
+
+
+def test_neardup_dedup_a_body_the_worker_cannot_hold_is_too_large(
+    rng: random.Random, tmp_path: Path
+) -> None:
+    lines = [good_line(rng, "https://ok.example.cn/1"), _padded_line(rng, "big", _UNREADABLE[0]),
+             good_line(rng, "https://ok.example.cn/2")]  # fmt: skip
+    src = tmp_path / "pages.jsonl"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    out, rejects = tmp_path / "out.jsonl", tmp_path / "rejects.jsonl"
+    argv = ["dedup", str(src), "--out", str(out), "--rejects", str(rejects), "-q"]
+    sets = ["--set", "extract_max_mb=64", "--set", f"max_bytes={80 << 20}"]
+    assert cli.main([*argv, *sets]) == cli.EXIT_REJECTED
+    assert len(out.read_text().splitlines()) == 2
+    [rejected] = [json.loads(r) for r in rejects.read_text().splitlines()]
+    assert (rejected["reason"], rejected["page_id"]) == ("too_large", "big"), rejected
+    assert "could not hold" in rejected["detail"], rejected
