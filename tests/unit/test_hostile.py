@@ -11,6 +11,7 @@ import dataclasses
 import http.server
 import itertools
 import json
+import mmap
 import os
 import random
 import signal
@@ -959,9 +960,11 @@ def test_sandbox_a_page_that_came_near_the_limit_retires_its_worker(
 
     def fake(page: RawPage, cfg: EngineConfig, stats: object, utf8: object, job: str) -> object:
         if page.page_id == "big":  # 48 MiB for a moment: past the retiring share of 64
-            buf = bytearray(48 << 20)
+            # mapped afresh: a bytearray may reuse heap that this process, forked from
+            # pytest's, had freed already, and then the address space does not grow
+            buf = mmap.mmap(-1, 48 << 20)
             buf[:: 1 << 20] = b"x" * len(buf[:: 1 << 20])
-            del buf
+            buf.close()
         if page.page_id == "bug":
             return Rejected(Reason.INTERNAL, "KeyError: 'x'", page.page_id, page.url)
         return Extracted(page, "t", ("ok",))
