@@ -1003,18 +1003,33 @@ class Sandbox:
         self._answered = time.monotonic()
         try:
             header, payload = _split_frame(frame)
-            head.result = _result_from(header, payload, page)
+            result = _result_from(header, payload, page)
         except (KeyError, TypeError, ValueError) as exc:
             self._restart(queue)
             detail = f"malformed sandbox reply: {type(exc).__name__}: {exc}"[:500]
             head.result = self._rejected(page, Reason.INTERNAL, detail)
             return
+        head.result = self._named(result, page)
         if stats is not None:
             seconds = header.get("seconds", {})
             for stage in STAGES:
                 stats.seconds[stage] += float(seconds.get(stage, 0.0))
         if header.get("retire"):  # it exits now: the pages written after this one are lost
             self._restart(queue)
+
+    def _named(self, result: _Result, page: RawPage | RawMessage) -> _Result:
+        """``result``, a message's too_large rejection without a page id named here: the
+        worker ran out of memory before it had parsed the message (reading it, or in
+        ``parse_message``), and a dead letter without its page's id and URL is lost."""
+        if (
+            isinstance(page, RawMessage)
+            and isinstance(result, Rejected)
+            and result.reason is Reason.TOO_LARGE
+            and result.page_id is None
+        ):
+            page_id, url = self._ids(page)
+            return dataclasses.replace(result, page_id=page_id, url=url)
+        return result
 
     def _restart(self, queue: deque[_Pending]) -> str:
         """Kill the worker: the pages written to it and not answered go to the next one.

@@ -1113,6 +1113,26 @@ def test_sandbox_a_body_the_worker_cannot_hold_is_too_large(rng: random.Random, 
     assert (rejected.page_id, rejected.url) == ("big", "https://big.example.cn/big")
 
 
+def test_sandbox_a_message_the_worker_cannot_read_keeps_its_ids(
+    rng: random.Random, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message the worker cannot even read comes back too_large with no ids (it never
+    parsed it): the parent names it, as after a timeout, or the dead letter is lost. The
+    parent's parse threshold (``PARSE_BYTES_PER_BYTE``) keeps such a message from the
+    worker today; it is turned off here to hand the worker one."""
+    from worker import sandbox as sb
+
+    monkeypatch.setattr(sb, "PARSE_BYTES_PER_BYTE", 0)
+    cfg = CFG.with_overrides(extract_max_mb=64, max_bytes=80 << 20, extract_timeout_s=30.0)
+    items = [RawMessage(_padded_line(rng, "big", _UNREADABLE[0])),
+             RawMessage(good_line(rng, "https://ok.example.cn/2"))]  # fmt: skip
+    with Sandbox(cfg) as sandbox:
+        out = [result for _, result in sandbox.stream(items)]
+    assert isinstance(out[1], Analysed), out
+    rejected = check_rejected(out[0], Reason.TOO_LARGE, "could not hold")
+    assert (rejected.page_id, rejected.url) == ("big", "https://big.example.cn/big")
+
+
 def test_neardup_dedup_a_body_the_worker_cannot_hold_is_too_large(
     rng: random.Random, tmp_path: Path
 ) -> None:
