@@ -392,7 +392,7 @@ class TableKV:
         self.write([(k, None) for k in keys])
 
     def delete_prefix(self, prefix: bytes) -> None:
-        self.delete_many([k for k, _ in self.scan(prefix)])
+        self.write((), (prefix,))
 
     def write(
         self, records: Sequence[tuple[bytes, bytes | None]], prefixes: Sequence[bytes] = ()
