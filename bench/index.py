@@ -1,14 +1,18 @@
 """Index lookups against RocksDB holding N synthetic pages (default 10 million).
 
-    .venv/bin/python bench/index.py [--pages 10000000] [--queries 20000] [--dir DIR]
+    .venv/bin/python bench/index.py [--pages 10000000] [--queries 20000] [--strings S]
+                                    [--dir DIR]
 
 The block tables (4 primary + 4 secondary, 16-bit keys with the default k1 = 3) are
 filled with N random pages in bulk, written exactly as KVIndex writes them (one value of
-packed entries per bucket). Then KVIndex.lookup runs for queries that are half near an
+packed entries per bucket); with ``--strings S``, also S period-string postings a page
+(random strings, one entry each), so that the state holds the keys a real one does
+besides the buckets. Then KVIndex.lookup runs for queries that are half near an
 indexed page (0-3 bits flipped in fp1, so at least one must be found) and half random,
-each with 25 period-string keys (which miss). Latency is per lookup, wall clock, one
-thread, OS page cache warm (the benchmark has just written the files). Prints p50, p99,
-p99.9, the recall of the near queries, and bytes on disk per page.
+each with 25 period-string keys (which miss: most of a new page's strings are new).
+Latency is per lookup, wall clock, one thread, OS page cache warm (the benchmark has just
+written the files). Prints p50, p99, p99.9, the recall of the near queries, and bytes on
+disk per page.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from worker.config import EngineConfig
 from worker.fingerprint import Fingerprints
-from worker.index import ENTRY, KVIndex, table_masks
+from worker.index import ENTRY, KVIndex, string_keys, table_masks
 from worker.store import RocksKV
 
 CHUNK = 1 << 20
@@ -62,10 +66,24 @@ def fill(kv: RocksKV, n: int, cfg: EngineConfig, rng: np.random.Generator) -> np
     return entries
 
 
+def fill_strings(kv: RocksKV, entries: np.ndarray, per_page: int, rng: np.random.Generator) -> None:
+    """``per_page`` period-string postings for each page: a random string, its entry."""
+    for start in range(0, len(entries), CHUNK):
+        part = entries[start : start + CHUNK]
+        for _ in range(per_page):
+            strings = rng.integers(0, 2**63, len(part), dtype=np.uint64).tolist()
+            keys = string_keys(strings)
+            values = [part[i : i + 1].tobytes() for i in range(len(part))]
+            for at in range(0, len(keys), 4096):
+                kv.put_many(zip(keys[at : at + 4096], values[at : at + 4096], strict=True))
+        print(f"  strings: {min(start + CHUNK, len(entries)):,} pages", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--pages", type=int, default=10_000_000)
     ap.add_argument("--queries", type=int, default=20_000)
+    ap.add_argument("--strings", type=int, default=0, help="period strings a page to store")
     ap.add_argument("--dir", default="/tmp/neardup-index-bench")
     ap.add_argument("--keep", action="store_true", help="keep the RocksDB directory")
     args = ap.parse_args()
@@ -76,6 +94,8 @@ def main() -> None:
     t0 = time.perf_counter()
     print(f"filling {args.pages:,} synthetic pages ...")
     entries = fill(kv, args.pages, cfg, rng)
+    if args.strings:
+        fill_strings(kv, entries, args.strings, rng)
     print(f"filled in {time.perf_counter() - t0:.0f} s")
     index = KVIndex(kv, cfg)
     lat: list[float] = []
@@ -108,8 +128,9 @@ def main() -> None:
     kv.close()
     size = RocksKV(args.dir).approximate_size()
     print(
-        f"  block tables on disk: {size / 1e9:.2f} GB = {size / args.pages:.0f} bytes per page "
-        f"(8 entries of {ENTRY.itemsize} bytes each before compression)"
+        f"  {'state' if args.strings else 'block tables'} on disk: {size / 1e9:.2f} GB = "
+        f"{size / args.pages:.0f} bytes per page ({8 + args.strings} entries of "
+        f"{ENTRY.itemsize} bytes each before compression)"
     )
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)
