@@ -105,7 +105,10 @@ class RocksKV:
         opts.set_block_based_table_factory(table)
         self.path = path
         try:
-            self._db = Rdict(path, opts)
+            # the options for the default column family too: given only as the database's,
+            # rocksdict takes that family's from the database's options file when the
+            # database exists, with no filter policy (``worker.kafka.rocksmem``)
+            self._db = Rdict(path, opts, column_families={"default": opts})
         except Exception as exc:  # rocksdict raises a bare Exception for IO errors
             raise StateError(f"cannot open RocksDB state at {path}: {exc}") from exc
 

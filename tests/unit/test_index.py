@@ -201,3 +201,28 @@ def test_buffered_kv_commits_a_step_as_one_write(kind: str, tmp_path: Path) -> N
     buf.commit()  # nothing pending: no write at all
     assert writes == [(2, 1)]
     inner.close()
+
+
+def _filter_policy(db_dir: Path) -> str:
+    """The filter policy in the options file RocksDB wrote at the database's last open."""
+    latest = max(db_dir.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+    lines = latest.read_text().splitlines()
+    return next(
+        line.split("=", 1)[1] for line in lines if line.strip().startswith("filter_policy=")
+    )
+
+
+def test_rocks_state_found_on_disk_keeps_its_bloom_filter(tmp_path: Path) -> None:
+    # rocksdict opens an existing database's default column family with the options in
+    # its options file, no filter policy among them, unless told that family's options
+    path = tmp_path / "state"
+    kv = RocksKV(str(path))
+    kv.put_many([(b"k", b"v")])
+    kv.close()
+    assert _filter_policy(path) == "bloomfilter"
+    kv = RocksKV(str(path))
+    try:
+        assert kv.get_many([b"k"]) == [b"v"]
+        assert _filter_policy(path) == "bloomfilter"
+    finally:
+        kv.close()

@@ -46,3 +46,23 @@ def test_without_a_bound_faust_keeps_its_own_options(tmp_path: Path) -> None:
     db[b"k"] = b"v"
     assert db[b"k"] == b"v"
     db.close()
+
+
+def test_a_database_found_on_disk_gets_the_shared_cache_and_a_filter(
+    bounded: None, tmp_path: Path
+) -> None:
+    # rocksdict opens an existing database's default column family with the options in
+    # its options file (a cache of 8 MiB, no filter) unless told that family's options
+    path = tmp_path / "partition-0"
+    options = RocksDBOptions(use_rocksdict=True)
+    db = options.open(path)
+    db[b"k"] = b"v"
+    db.close()
+    db = options.open(path)
+    try:
+        assert db[b"k"] == b"v"
+        assert int(db.property_value("rocksdb.block-cache-capacity")) == 64 * MIB
+        latest = max(path.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+        assert "filter_policy=bloomfilter" in latest.read_text()
+    finally:
+        db.close()

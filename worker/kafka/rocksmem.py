@@ -15,6 +15,13 @@ whole write budget before a flush. Bloom filters and the index type stay as Faus
 them. Reads past the cache go to the files, through the operating system's page cache,
 which the kernel can reclaim.
 
+Every database is opened with these options for its default column family, given as
+such (``open``). Given only as the database's options, rocksdict (0.3.29) takes the
+column family's from the database's own options file when it exists, with a block cache
+of 8 MiB and no filter policy: a worker that found its tables on disk (a restart, a
+partition that came back) read them with a cache of their own outside the budget, and
+without bloom filters.
+
 Only the worker's tables (Faust's store) are bounded here; ``neardup dedup --state``
 opens a single database (``worker.store.RocksKV``) with RocksDB's own defaults.
 """
@@ -59,6 +66,32 @@ def bound(memory_bytes: int) -> None:
         return options
 
     _once(cls, "as_options", as_options)  # a later call only changes ``_budget``
+    faust_open = cls.open
+
+    def open_db(self: Any, path: Any, *, read_only: bool = False) -> Any:
+        if not self.use_rocksdict:
+            return faust_open(self, path, read_only=read_only)
+        return _open(self, path)
+
+    _once(cls, "open", open_db)
+
+
+def _open(self: Any, path: Any) -> Any:
+    """Faust's ``RocksDBOptions.open`` (rocksdict), with the options given for the default
+    column family too (see the module's docstring)."""
+    import rocksdict
+
+    options = self.as_options()
+    access = (
+        rocksdict.AccessType.read_write()
+        if self.ttl is None
+        else rocksdict.AccessType.with_ttl(self.ttl)
+    )
+    db = rocksdict.Rdict(
+        str(path), options=options, column_families={"default": options}, access_type=access
+    )
+    db.set_read_options(rocksdict.ReadOptions())
+    return db
 
 
 def usage() -> tuple[int, int] | None:
