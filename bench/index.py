@@ -79,11 +79,26 @@ def fill_strings(kv: RocksKV, entries: np.ndarray, per_page: int, rng: np.random
         print(f"  strings: {min(start + CHUNK, len(entries)):,} pages", flush=True)
 
 
+def _prop(kv: RocksKV, name: str) -> int:
+    return int(kv._db.property_value(f"rocksdb.{name}") or 0)
+
+
+def _levels(kv: RocksKV) -> str:
+    files = [_prop(kv, f"num-files-at-level{level}") for level in range(7)]
+    pending = _prop(kv, "estimate-pending-compaction-bytes")
+    return f"files by level {files}, compaction pending {pending / 1e9:.2f} GB"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--pages", type=int, default=10_000_000)
     ap.add_argument("--queries", type=int, default=20_000)
     ap.add_argument("--strings", type=int, default=0, help="period strings a page to store")
+    ap.add_argument(
+        "--settle",
+        action="store_true",
+        help="query once RocksDB has no compaction pending or running, not right after the fill",
+    )
     ap.add_argument("--dir", default="/tmp/neardup-index-bench")
     ap.add_argument("--keep", action="store_true", help="keep the RocksDB directory")
     args = ap.parse_args()
@@ -96,7 +111,12 @@ def main() -> None:
     entries = fill(kv, args.pages, cfg, rng)
     if args.strings:
         fill_strings(kv, entries, args.strings, rng)
-    print(f"filled in {time.perf_counter() - t0:.0f} s")
+    print(f"filled in {time.perf_counter() - t0:.0f} s; {_levels(kv)}")
+    if args.settle:
+        t1 = time.perf_counter()
+        while _prop(kv, "compaction-pending") or _prop(kv, "num-running-compactions"):
+            time.sleep(1)
+        print(f"settled in {time.perf_counter() - t1:.0f} s; {_levels(kv)}")
     index = KVIndex(kv, cfg)
     lat: list[float] = []
     found = near = 0
