@@ -62,6 +62,9 @@ def test_a_database_found_on_disk_gets_the_shared_cache_and_a_filter(
     try:
         assert db[b"k"] == b"v"
         assert int(db.property_value("rocksdb.block-cache-capacity")) == 64 * MIB
+        usage = rocksmem.usage()  # the budget's cache itself, not one of the same size
+        assert usage is not None
+        assert int(db.property_value("rocksdb.block-cache-usage")) == usage[0]
         latest = max(path.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
         assert "filter_policy=bloomfilter" in latest.read_text()
     finally:

@@ -16,14 +16,15 @@ them. Reads past the cache go to the files, through the operating system's page 
 which the kernel can reclaim.
 
 Every database is opened with these options for its default column family, given as
-such (``open``). Given only as the database's options, rocksdict (0.3.29) takes the
-column family's from the database's own options file when it exists, with a block cache
-of 8 MiB and no filter policy: a worker that found its tables on disk (a restart, a
-partition that came back) read them with a cache of their own outside the budget, and
-without bloom filters.
+such (``open``; ``open_outside`` for the undo pass at start, before Faust). Given only as
+the database's options, rocksdict (0.3.29) takes the column family's from the database's
+own options file when it exists, with a block cache of 8 MiB and no filter policy: a
+worker that found its tables on disk (a restart, a partition that came back) read them
+with a cache of their own outside the budget, and without bloom filters, and the undo
+pass flushed the log it replayed into table files without a filter.
 
 Only the worker's tables (Faust's store) are bounded here; ``neardup dedup --state``
-opens a single database (``worker.store.RocksKV``) with RocksDB's own defaults.
+opens a single database (``worker.store.RocksKV``) with options of its own.
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ def bound(memory_bytes: int) -> None:
         return _open(self, path)
 
     _once(cls, "open", open_db)
+
+
+def open_outside(path: Any) -> Any:
+    """A table partition's database opened outside Faust (before it starts), with the
+    options Faust would give it, for its default column family too."""
+    from faust.stores.rocksdb import RocksDBOptions
+
+    return _open(RocksDBOptions(use_rocksdict=True), path)
 
 
 def _open(self: Any, path: Any) -> Any:

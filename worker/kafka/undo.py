@@ -178,14 +178,16 @@ def revert(tabledir: str, *, undo: bool = True) -> tuple[int, int]:
     """``revert_db`` (or, with ``undo`` false, ``drop_db``) over every partition database
     under ``tabledir``, before Faust opens them: the databases touched and the records
     undone (or dropped)."""
-    from rocksdict import Options, Rdict
+    from worker.kafka.rocksmem import open_outside
 
     touched = undone = 0
     root = Path(tabledir)
     if not root.is_dir():
         return 0, 0
     for path in sorted(p for p in root.iterdir() if p.is_dir() and p.name.endswith(".db")):
-        db = Rdict(str(path), Options(raw_mode=True))
+        # Faust's options, filter and all: opening replays the log of a worker that did not
+        # close its databases (Faust never does) and flushes it into a table file
+        db = open_outside(path)
         try:
             n = revert_db(db) if undo else drop_db(db)
         finally:
