@@ -1,7 +1,7 @@
 """Index lookups against RocksDB holding N synthetic pages (default 10 million).
 
     .venv/bin/python bench/index.py [--pages 10000000] [--queries 20000] [--strings S]
-                                    [--dir DIR]
+                                    [--settle] [--dir DIR] [--keep]
 
 The block tables (4 primary + 4 secondary, 16-bit keys with the default k1 = 3) are
 filled with N random pages in bulk, written exactly as KVIndex writes them (one value of
@@ -80,7 +80,17 @@ def fill_strings(kv: RocksKV, entries: np.ndarray, per_page: int, rng: np.random
 
 
 def _prop(kv: RocksKV, name: str) -> int:
-    return int(kv._db.property_value(f"rocksdb.{name}") or 0)
+    value = kv._db.property_int_value(f"rocksdb.{name}")
+    if value is None:
+        raise SystemExit(f"RocksDB has no property {name!r}")
+    return int(value)
+
+
+def _busy(kv: RocksKV) -> bool:
+    """A flush or a compaction is pending or running."""
+    names = ("mem-table-flush-pending", "num-running-flushes", "compaction-pending",
+             "num-running-compactions")  # fmt: skip
+    return any(_prop(kv, name) for name in names)
 
 
 def _levels(kv: RocksKV) -> str:
@@ -97,7 +107,8 @@ def main() -> None:
     ap.add_argument(
         "--settle",
         action="store_true",
-        help="query once RocksDB has no compaction pending or running, not right after the fill",
+        help="query once RocksDB has no flush or compaction pending or running, not right "
+        "after the fill",
     )
     ap.add_argument("--dir", default="/tmp/neardup-index-bench")
     ap.add_argument("--keep", action="store_true", help="keep the RocksDB directory")
@@ -114,7 +125,7 @@ def main() -> None:
     print(f"filled in {time.perf_counter() - t0:.0f} s; {_levels(kv)}")
     if args.settle:
         t1 = time.perf_counter()
-        while _prop(kv, "compaction-pending") or _prop(kv, "num-running-compactions"):
+        while _busy(kv):
             time.sleep(1)
         print(f"settled in {time.perf_counter() - t1:.0f} s; {_levels(kv)}")
     index = KVIndex(kv, cfg)
