@@ -18,6 +18,7 @@ from typing import IO, Any
 from worker import __version__
 from worker.config import EXTRACTORS, EngineConfig
 from worker.records import Extracted, Rejected
+from worker.store import RocksKV
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 
@@ -108,6 +109,16 @@ def _progress(total: int | None) -> Any:
     return tqdm(total=total, unit="page", file=sys.stderr, smoothing=0.1)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def cmd_dedup(args: argparse.Namespace) -> int:
     from worker.engine import STAGES, Engine
     from worker.sources import iter_pages
@@ -115,7 +126,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
 
     cfg = _config(args.set, args.extractor)
     try:
-        kv = open_state(args.state, cfg)
+        kv = open_state(args.state, cfg, args.cache_mb)
     except StateError as exc:
         print(f"neardup: {exc}", file=sys.stderr)
         return EXIT_FATAL
@@ -246,6 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--state",
         help="RocksDB state directory; a later run with the same "
         "directory continues against this run's pages (default: in memory)",
+    )
+    d.add_argument(
+        "--cache-mb",
+        type=_positive_int,
+        default=RocksKV.CACHE_MB,
+        metavar="MB",
+        help="RocksDB block cache of --state, in MiB: the index blocks read most recently "
+        "stay in this process's memory (default: %(default)s)",
     )
     d.add_argument("--extractor", choices=sorted(EXTRACTORS), help="main-text extractor")
     _add_set(d, "k1=3")

@@ -114,8 +114,30 @@ def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
             main(argv)
         assert exc.value.code == 0
     text = capsys.readouterr().out
-    for option in ("--out", "--clusters", "--merges", "--rejects", "--state", "--set"):
+    for option in ("--out", "--clusters", "--merges", "--rejects", "--state", "--cache-mb"):
         assert option in text
+    assert "--set" in text
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("0", "must be at least 1"), ("-5", "must be at least 1"), ("lots", "not a whole number")],
+)
+def test_a_cache_size_that_is_not_a_positive_number_is_a_usage_error(
+    tmp_path: Path, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["dedup", str(SAMPLE), "--out", str(tmp_path / "x"), "--cache-mb", value])
+    assert exc.value.code == EXIT_USAGE
+    assert f"--cache-mb: {says}" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_state_takes_the_cache_size_given(tmp_path: Path) -> None:
+    out, state = tmp_path / "d.jsonl", tmp_path / "state"
+    argv = ["dedup", str(SAMPLE), "--out", str(out), "--state", str(state), "--cache-mb", "8", "-q"]
+    assert main(argv) in (0, EXIT_REJECTED)
+    assert read(out)
 
 
 @pytest.mark.parametrize(

@@ -226,3 +226,15 @@ def test_rocks_state_found_on_disk_keeps_its_bloom_filter(tmp_path: Path) -> Non
         assert _filter_policy(path) == "bloomfilter"
     finally:
         kv.close()
+
+
+def test_rocks_state_has_the_block_cache_it_is_given_also_when_reopened(tmp_path: Path) -> None:
+    path = str(tmp_path / "state")
+    for _ in range(2):
+        kv = RocksKV(path, cache_mb=48)
+        try:
+            assert int(kv._db.property_value("rocksdb.block-cache-capacity")) == 48 << 20
+        finally:
+            kv.close()
+    with pytest.raises(ValueError, match="at least 1 MiB"):
+        RocksKV(path, cache_mb=0)
