@@ -1,7 +1,8 @@
 """Index lookups against RocksDB holding N synthetic pages (default 10 million).
 
     .venv/bin/python bench/index.py [--pages 10000000] [--queries 20000] [--strings S]
-                                    [--settle] [--dir DIR] [--keep]
+                                    [--settle] [--cache-mb MB] [--idle S] [--dir DIR]
+                                    [--keep]
 
 The block tables (4 primary + 4 secondary, 16-bit keys with the default k1 = 3) are
 filled with N random pages in bulk, written exactly as KVIndex writes them (one value of
@@ -79,6 +80,46 @@ def fill_strings(kv: RocksKV, entries: np.ndarray, per_page: int, rng: np.random
         print(f"  strings: {min(start + CHUNK, len(entries)):,} pages", flush=True)
 
 
+Query = tuple[Fingerprints, int | None]  # the fingerprints, and the pid they must find
+
+
+def make_queries(entries: np.ndarray, n: int, rng: np.random.Generator) -> list[Query]:
+    """Half near an indexed page (0-3 bits of fp1 flipped), half random; 25 strings each."""
+    queries: list[Query] = []
+    for q in range(n):
+        target: int | None = None
+        if q % 2 == 0:
+            entry = entries[int(rng.integers(0, len(entries)))]
+            target, fp1 = int(entry["pid"]), int(entry["fp1"])
+            for bit in rng.choice(64, size=int(rng.integers(0, 4)), replace=False).tolist():
+                fp1 ^= 1 << bit
+            fp2 = int(rng.integers(0, 2**63))
+        else:
+            fp1, fp2 = (int(x) for x in rng.integers(0, 2**63, 2))
+        strings = tuple(int(x) for x in rng.integers(0, 2**63, 25))
+        queries.append((Fingerprints(fp1=fp1, fp2=fp2, strings=strings, words=100), target))
+    return queries
+
+
+def measure(index: KVIndex, queries: list[Query], order: int, title: str) -> None:
+    lat: list[float] = []
+    found = near = 0
+    for fps, target in queries:
+        t = time.perf_counter()
+        result = index.lookup(fps, order)
+        lat.append(time.perf_counter() - t)
+        if target is not None:
+            near += 1
+            found += target in set(result.near["pid"].tolist())
+    ms = np.array(lat) * 1000
+    print(f"\n{title}:")
+    print(
+        f"  p50 {np.percentile(ms, 50):.3f} ms   p99 {np.percentile(ms, 99):.3f} ms   "
+        f"p99.9 {np.percentile(ms, 99.9):.3f} ms   max {ms.max():.3f} ms"
+    )
+    print(f"  near queries that found their page: {found}/{near}")
+
+
 def _prop(kv: RocksKV, name: str) -> int:
     value = kv._db.property_int_value(f"rocksdb.{name}")
     if value is None:
@@ -110,13 +151,22 @@ def main() -> None:
         help="query once RocksDB has no flush or compaction pending or running, not right "
         "after the fill",
     )
+    ap.add_argument("--cache-mb", type=int, default=RocksKV.CACHE_MB, help="block cache, MiB")
+    ap.add_argument(
+        "--idle",
+        type=int,
+        default=0,
+        metavar="S",
+        help="then S seconds idle, and the same lookups again (a host that reclaims idle "
+        "page cache has dropped the files' pages by then)",
+    )
     ap.add_argument("--dir", default="/tmp/neardup-index-bench")
     ap.add_argument("--keep", action="store_true", help="keep the RocksDB directory")
     args = ap.parse_args()
     cfg = EngineConfig()
     rng = np.random.default_rng(20261121)
     shutil.rmtree(args.dir, ignore_errors=True)
-    kv = RocksKV(args.dir)
+    kv = RocksKV(args.dir, args.cache_mb)
     t0 = time.perf_counter()
     print(f"filling {args.pages:,} synthetic pages ...")
     entries = fill(kv, args.pages, cfg, rng)
@@ -129,33 +179,11 @@ def main() -> None:
             time.sleep(1)
         print(f"settled in {time.perf_counter() - t1:.0f} s; {_levels(kv)}")
     index = KVIndex(kv, cfg)
-    lat: list[float] = []
-    found = near = 0
-    for q in range(args.queries):
-        if q % 2 == 0:
-            target = entries[int(rng.integers(0, args.pages))]
-            fp1 = int(target["fp1"])
-            for bit in rng.choice(64, size=int(rng.integers(0, 4)), replace=False).tolist():
-                fp1 ^= 1 << bit
-            fp2 = int(rng.integers(0, 2**63))
-        else:
-            target = None
-            fp1, fp2 = (int(x) for x in rng.integers(0, 2**63, 2))
-        strings = tuple(int(x) for x in rng.integers(0, 2**63, 25))
-        fps = Fingerprints(fp1=fp1, fp2=fp2, strings=strings, words=100)
-        t = time.perf_counter()
-        result = index.lookup(fps, args.pages)
-        lat.append(time.perf_counter() - t)
-        if target is not None:
-            near += 1
-            found += int(target["pid"]) in set(result.near["pid"].tolist())
-    ms = np.array(lat) * 1000
-    print(f"\n{args.queries:,} lookups against {args.pages:,} pages:")
-    print(
-        f"  p50 {np.percentile(ms, 50):.3f} ms   p99 {np.percentile(ms, 99):.3f} ms   "
-        f"p99.9 {np.percentile(ms, 99.9):.3f} ms   max {ms.max():.3f} ms"
-    )
-    print(f"  near queries that found their page: {found}/{near}")
+    queries = make_queries(entries, args.queries, rng)
+    measure(index, queries, args.pages, f"{args.queries:,} lookups against {args.pages:,} pages")
+    if args.idle:
+        time.sleep(args.idle)
+        measure(index, queries, args.pages, f"the same lookups again after {args.idle} s idle")
     kv.close()
     size = RocksKV(args.dir).approximate_size()
     print(
