@@ -18,7 +18,7 @@ from typing import IO, Any
 from worker import __version__
 from worker.config import EXTRACTORS, EngineConfig
 from worker.records import Extracted, Rejected
-from worker.store import RocksKV
+from worker.store import RocksKV, StateError, open_state
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 
@@ -122,7 +122,6 @@ def _positive_int(text: str) -> int:
 def cmd_dedup(args: argparse.Namespace) -> int:
     from worker.engine import STAGES, Engine
     from worker.sources import iter_pages
-    from worker.store import StateError, open_state
 
     cfg = _config(args.set, args.extractor)
     try:

@@ -85,16 +85,16 @@ def open_outside(path: Any) -> Any:
     return _open(RocksDBOptions(use_rocksdict=True), path)
 
 
-def _open(self: Any, path: Any) -> Any:
-    """Faust's ``RocksDBOptions.open`` (rocksdict), with the options given for the default
-    column family too (see the module's docstring)."""
+def _open(config: Any, path: Any) -> Any:
+    """Faust's ``RocksDBOptions.open`` (rocksdict) for ``config``, a ``RocksDBOptions``, with
+    the options given for the default column family too (see the module's docstring)."""
     import rocksdict
 
-    options = self.as_options()
+    options = config.as_options()
     access = (
         rocksdict.AccessType.read_write()
-        if self.ttl is None
-        else rocksdict.AccessType.with_ttl(self.ttl)
+        if config.ttl is None
+        else rocksdict.AccessType.with_ttl(config.ttl)
     )
     db = rocksdict.Rdict(
         str(path), options=options, column_families={"default": options}, access_type=access
