@@ -94,6 +94,17 @@ def test_a_second_worker_joining_takes_partitions_and_changes_no_decision(
     assigned = log.split("Setting newly assigned partitions")[-1]
     assert f"| {d.names.raw}" in assigned
 
+    # each raw partition's lag is reported by the worker that holds it, and only by it: a
+    # partition the first worker gave up leaves its gauge (summed over pods, it counted twice)
+    def lag_partitions(w: Any) -> set[str]:
+        return set(re.findall(r'^neardup_consumer_lag\{partition="(\d+)"\}', _metrics(w), re.M))
+
+    def split() -> bool:
+        mine, theirs = lag_partitions(first), lag_partitions(second)
+        return not mine & theirs and mine | theirs == {"0", "1", "2", "3"}
+
+    d.wait(split, DEADLINE, "the raw partitions' lag reported once each, by their holders")
+
 
 def _metrics(w: Any) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{w.port}/metrics", timeout=5) as r:

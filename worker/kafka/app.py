@@ -625,6 +625,7 @@ class Worker:
         consumer: Any = self.app.consumer
         tps = sorted(tp for tp in consumer.assignment() if tp.topic == self.names.raw)
         if not tps:
+            self.metrics.lag.clear()  # a partition this worker lost is another's to report
             return
         # before the end offsets are read: the marks vouch for what was forwarded by then
         at = time.time()
@@ -639,6 +640,8 @@ class Worker:
             {tp.partition: committed[tp] for tp in tps},
             {tp.partition: earliest.get(tp) for tp in tps},
         )
+        # only the partitions held now: one lost in a rebalance is reported by its new owner
+        self.metrics.lag.clear()
         self.metrics.lag.update(lag)
         # none while paused (``admit``): marks are sequencer messages too, and a steady
         # flow of them behind slow commits could keep the backlog from ever draining

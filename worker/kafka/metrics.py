@@ -115,7 +115,7 @@ class _StageCollector:
             capped.add_metric([part], n)
         yield capped
 
-        keys, size = self.m.state_size()
+        keys, size = state_size(self.m.worker)
         if keys is not None:
             g = GaugeMetricFamily(
                 "neardup_state_keys", "Keys in the local state and index tables (estimate)"
@@ -152,6 +152,30 @@ def _rocksdb() -> Iterator[Metric]:
     yield g
 
 
+#: The worker's tables (attributes of ``Worker``; the routed ones only in that topology).
+_TABLES = ("state_table", "buckets_table", "sketches_table")
+
+
+def state_size(worker: Worker) -> tuple[int | None, int]:
+    """Estimated keys of the local RocksDB databases of every table (None if one of
+    them cannot say: a part of the count would pass for all of it), and their bytes."""
+    tables = [getattr(worker, name, None) for name in _TABLES]
+    dbs = [db for t in tables if t is not None for db in getattr(t.data, "_dbs", {}).values()]
+    keys: int | None = 0
+    try:
+        keys = sum(int(db.property_int_value("rocksdb.estimate-num-keys") or 0) for db in dbs)
+    except Exception:  # an older rocksdict, or a closed database
+        keys = None
+    size = 0
+    tabledir = str(worker.app.conf.tabledir)
+    for root, _, files in os.walk(tabledir):
+        for f in files:
+            # RocksDB may remove a file while we walk
+            with contextlib.suppress(OSError):
+                size += os.path.getsize(os.path.join(root, f))
+    return keys, size
+
+
 class Metrics:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -186,25 +210,6 @@ class Metrics:
         for emit in emits:
             if emit.topic == "decisions" and emit.since > 0:
                 self.end_to_end.observe(max(0.0, now - emit.since))
-
-    def state_size(self) -> tuple[int | None, int]:
-        """Estimated keys of the state table's local RocksDB, and bytes of all tables."""
-        keys: int | None = None
-        tables = [self.worker.state_table, getattr(self.worker, "buckets_table", None)]
-        dbs = [db for t in tables if t is not None for db in getattr(t.data, "_dbs", {}).values()]
-        for db in dbs:
-            try:
-                keys = (keys or 0) + int(db.property_int_value("rocksdb.estimate-num-keys") or 0)
-            except Exception:  # an older rocksdict, or a closed database
-                keys = None
-        size = 0
-        tabledir = str(self.worker.app.conf.tabledir)
-        for root, _, files in os.walk(tabledir):
-            for f in files:
-                # RocksDB may remove a file while we walk
-                with contextlib.suppress(OSError):
-                    size += os.path.getsize(os.path.join(root, f))
-        return keys, size
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
