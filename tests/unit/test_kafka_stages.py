@@ -471,6 +471,27 @@ def test_state_survives_a_reload(gold: list[Analysed]) -> None:
     assert stage.sequencer.progress[0].last_page == half - 1
 
 
+def test_a_page_whose_decision_fails_is_dead_lettered_and_logged_with_its_offset(
+    gold: list[Analysed], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stage = DecideStage(ScanMemoryKV(), CFG)
+    stage.topic, stage.offset = "nd-sequencer", 41
+
+    def broken(a: Analysed) -> None:
+        raise KeyError("x")
+
+    monkeypatch.setattr(stage.engine, "decide_analysed", broken)
+    with caplog.at_level(logging.ERROR, logger="worker.kafka.stage"):
+        out = stage.accept(wire.PageMsg(0, 0, 1, gold[0]))
+        out += stage.accept(wire.MarksMsg(1, (wire.Mark(0, 1),)))
+        out += stage.release(5)
+    [rej] = [json.loads(e.value) for e in out if e.topic == "rejects"]
+    assert (rej["reason"], rej["page_id"]) == ("internal", gold[0].page.page_id)
+    assert not [e for e in out if e.topic == "decisions"]
+    [record] = [r for r in caplog.records if "decide failed" in r.getMessage()]
+    assert "topic=nd-sequencer partition=0 offset=41" in record.getMessage()
+
+
 def test_analyse_message_rejects_without_raising() -> None:
     stats = Stats()
     for raw, reason in (

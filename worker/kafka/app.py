@@ -554,6 +554,7 @@ class Worker:
             try:
                 with event_context(event):
                     self.stage.offset = msg.offset
+                    self.stage.topic = msg.topic
                     self.stage.arrived = float(msg.timestamp or -math.inf)
                     if event is events[0]:
                         self.stage.confirm(self._committed(msg.tp))
@@ -596,8 +597,18 @@ class Worker:
             items = _unframed(event, wire.decode_route, "routing")
             if items is None:
                 continue
-            with event_context(event):
-                answers = route_step(self.index, kv, items, self.probe_counts)
+            try:
+                with event_context(event):
+                    answers = route_step(self.index, kv, items, self.probe_counts)
+            except Exception:
+                msg = event.message
+                log.exception(
+                    "routing failed topic=%s partition=%s offset=%s",
+                    msg.topic,
+                    msg.partition,
+                    msg.offset,
+                )
+                raise
             replies += map(wire.encode, answers)
         # no wait for the broker: a probe delivered again answers the same and adds nothing
         # twice; but the records go to the producer before the batch's offsets are acked

@@ -189,6 +189,8 @@ class DecideStage:
         #: Offset of the sequencer message being handled (set by the agent before
         #: ``accept``); after a restart, the first one is where the replay starts.
         self.offset = -1
+        #: The sequencer topic (set by the agent with ``offset``), for the logs.
+        self.topic = ""
         #: When the sequencer message being handled reached its topic (its Kafka
         #: timestamp, set by the agent with ``offset``; -inf: unknown).
         self.arrived = -math.inf
@@ -374,7 +376,13 @@ class DecideStage:
             kb = key_bytes(key)
             (raw,) = self.journal.get_many([_PENDING + kb])
             if raw is None:  # cannot happen unless the store lost a write
-                log.error("pending page %s vanished from the sequencer's store", key)
+                log.error(
+                    "pending page %s vanished from the sequencer's store topic=%s partition=0 "
+                    "offset=%s",
+                    key,
+                    self.topic,
+                    self.offset,
+                )
                 continue
             pending = orjson.loads(raw)
             a = analysed_from_json(pending["a"])
@@ -421,7 +429,14 @@ class DecideStage:
     def _failed(self, a: Analysed, exc: Exception) -> list[Emit]:
         self.engine.kv.rollback()
         self.journal.discard()
-        log.error("decide failed on page %s (%s)", a.page.page_id, a.page.url, exc_info=exc)
+        log.error(
+            "decide failed on page %s (%s) topic=%s partition=0 offset=%s",
+            a.page.page_id,
+            a.page.url,
+            self.topic,
+            self.offset,
+            exc_info=exc,
+        )
         self.counts.internal += 1
         detail = f"{type(exc).__name__}: {exc}"[:500]
         rej = Rejected(Reason.INTERNAL, detail, a.page.page_id, a.page.url)
