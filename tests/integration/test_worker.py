@@ -101,7 +101,7 @@ def test_a_second_worker_joining_takes_partitions_and_changes_no_decision(
 
     def split() -> bool:
         mine, theirs = lag_partitions(first), lag_partitions(second)
-        return not mine & theirs and mine | theirs == {"0", "1", "2", "3"}
+        return bool(mine and theirs) and not mine & theirs and mine | theirs == {"0", "1", "2", "3"}
 
     d.wait(split, DEADLINE, "the raw partitions' lag reported once each, by their holders")
 
