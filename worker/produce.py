@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from worker.contract import max_line_bytes
 from worker.kafka.security import connection_problem, describe, install_log_redaction
-from worker.settings import Settings
+from worker.settings import Settings, settings_problem
 from worker.sources import STREAM_ERRORS, UTF8_BOM, open_input
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_NOT_SENT = 0, 1, 2, 3
@@ -270,8 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
-        # pydantic's message names the field and the problem; SecretStr inputs are masked.
-        _warn(f"bad settings: {exc}")
+        _warn(settings_problem(exc))
         return EXIT_USAGE
     install_log_redaction(settings)
     topic = args.topic or settings.topic_raw

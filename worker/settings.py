@@ -12,7 +12,16 @@ import difflib
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.config import EngineConfig
@@ -35,6 +44,13 @@ class EngineSettings(BaseModel):
     max_text_chars: int = _DEFAULT.max_text_chars
     extract_timeout_s: float = _DEFAULT.extract_timeout_s
     extract_max_mb: int = _DEFAULT.extract_max_mb
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EngineSettings:
+        # EngineConfig's own checks (k1 <= k2, a known extractor ...), at start-up, as a
+        # settings error naming the variables rather than a traceback from the engine
+        self.config()
+        return self
 
     def config(self) -> EngineConfig:
         return EngineConfig(**self.model_dump())
@@ -140,6 +156,30 @@ class Settings(BaseSettings):
 
     def engine_config(self) -> EngineConfig:
         return self.engine.config()
+
+
+#: Settings whose values are never shown, not even in an error about them.
+_SECRET_FIELDS = frozenset({"sasl_password"})
+
+
+def settings_problem(exc: ValidationError) -> str:
+    """What is wrong with the settings, a line per problem, naming each variable: pydantic's
+    own text is a paragraph per error with a documentation link. A secret's value is never
+    shown; any other value is, shortened."""
+    lines = []
+    for err in exc.errors():
+        loc = [str(part) for part in err["loc"]]
+        # the engine's own checks concern several of its variables at once
+        variable = "NEARDUP_" + "__".join(loc).upper() if loc else "NEARDUP_*"
+        if loc == ["engine"]:
+            variable = "NEARDUP_ENGINE__*"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        shown = ""
+        if loc and loc[0] not in _SECRET_FIELDS and isinstance(err.get("input"), str | int | float):
+            value = repr(err["input"])
+            shown = f" (got {value[:80]}{'...' if len(value) > 80 else ''})"
+        lines.append(f"{variable}: {msg}{shown}")
+    return "bad settings:\n  " + "\n  ".join(lines)
 
 
 #: NEARDUP_* variables that other parts of the project read: the lexicon cache (``worker.

@@ -421,6 +421,34 @@ def test_sasl_without_credentials_is_refused_at_start(
     assert Settings(security_protocol="SSL").sasl_password is None  # type: ignore[arg-type]
 
 
+def test_bad_settings_stop_the_worker_with_a_line_per_variable_and_no_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from worker.kafka import __main__ as entry
+
+    monkeypatch.setenv("NEARDUP_SASL_PASSWORD", "s3cret-pw-in-env")
+    monkeypatch.setenv("NEARDUP_PARTITIONS", "abc")
+    monkeypatch.setenv("NEARDUP_ENGINE__K3", "1")  # no such engine parameter
+    assert entry.main(["worker"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "neardup worker: bad settings:",
+        "  NEARDUP_PARTITIONS: Input should be a valid integer, unable to parse string as an "
+        "integer (got 'abc')",
+        "  NEARDUP_ENGINE__K3: Extra inputs are not permitted (got '1')",
+    ]
+    # the engine's own checks, across its variables, are settings errors too
+    monkeypatch.delenv("NEARDUP_ENGINE__K3")
+    monkeypatch.setenv("NEARDUP_PARTITIONS", "2")
+    monkeypatch.setenv("NEARDUP_ENGINE__K1", "9")
+    monkeypatch.setenv("NEARDUP_SECURITY_PROTOCOL", "SASL_SSL")  # and no user name
+    assert entry.main(["worker"]) == 2
+    err = capsys.readouterr().err
+    assert "NEARDUP_ENGINE__*: need 0 <= k1 <= k2 <= 32, got k1=9 k2=6" in err
+    assert "NEARDUP_SASL_USERNAME: NEARDUP_SECURITY_PROTOCOL=SASL_SSL needs" in err
+    assert "s3cret-pw-in-env" not in err and "Traceback" not in err
+
+
 def test_a_misspelt_variable_is_named_with_the_setting_it_is_closest_to() -> None:
     from worker.settings import unknown_variables
 

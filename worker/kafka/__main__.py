@@ -24,10 +24,12 @@ import sys
 import threading
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from worker.kafka import freshness, undo
 from worker.kafka.security import connection_problem, describe, install_log_redaction
 from worker.kafka.topics import ensure_topics_sync, tombstone_retention_ms
-from worker.settings import Settings, unknown_variables
+from worker.settings import Settings, settings_problem, unknown_variables
 
 log = logging.getLogger("worker.kafka")
 
@@ -203,7 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     # write past it, with no word said; ignored, the write fails (EFBIG) as on a full
     # disk, and the worker stops with a message saying so.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print(f"neardup worker: {settings_problem(exc)}", file=sys.stderr)
+        return 2
     install_log_redaction(settings)
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
