@@ -105,7 +105,10 @@ class RocksKV:
         if cache_mb < 1:
             raise ValueError(f"the block cache needs at least 1 MiB, not {cache_mb}")
 
-        os.makedirs(path, exist_ok=True)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:  # a file there, a parent that is a file, no permission
+            raise StateError(f"cannot create RocksDB state at {path}: {exc}") from exc
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.increase_parallelism(os.cpu_count() or 1)

@@ -133,6 +133,19 @@ def test_a_cache_size_that_is_not_a_positive_number_is_a_usage_error(
     assert not (tmp_path / "x").exists()
 
 
+def test_a_state_path_that_cannot_be_a_directory_is_a_message_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory\n")
+    for state in (afile, afile / "sub"):
+        code = main(["dedup", str(SAMPLE), "--out", str(tmp_path / "o"), "--state", str(state)])
+        assert code == EXIT_FATAL
+        err = capsys.readouterr().err
+        assert err.startswith(f"neardup: cannot create RocksDB state at {state}: "), err
+        assert "Traceback" not in err
+
+
 def test_the_state_takes_the_cache_size_given(tmp_path: Path) -> None:
     out, state = tmp_path / "d.jsonl", tmp_path / "state"
     argv = ["dedup", str(SAMPLE), "--out", str(out), "--state", str(state), "--cache-mb", "8", "-q"]
