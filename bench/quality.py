@@ -21,6 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA, raw_lines, read_jsonl
+from worker.cli import config_from_sets
 from worker.config import EngineConfig
 from worker.contract import parse_raw
 from worker.decode import decode
@@ -138,10 +139,7 @@ def main() -> None:
     labels = read_jsonl(args.data / "labels.jsonl.gz")
     if args.limit:
         lines, labels = lines[: args.limit], labels[: args.limit]
-    cfg = EngineConfig()
-    for pair in args.set:
-        k, _, v = pair.partition("=")
-        cfg = cfg.with_overrides(**{k: type(getattr(cfg, k))(v)})
+    cfg = config_from_sets(args.set)  # all at once, as neardup dedup applies them
     print(f"{len(lines)} pages; engine {cfg}")
     clusters, decisions, elapsed = run_neardup(lines, cfg)
     mine = score(labels, clusters, decisions)

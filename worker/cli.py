@@ -23,7 +23,9 @@ from worker.store import RocksKV, StateError, open_state
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 
 
-def _config(pairs: Sequence[str], extractor: str | None) -> EngineConfig:
+def config_from_sets(pairs: Sequence[str], extractor: str | None = None) -> EngineConfig:
+    """The engine settings with every `--set NAME=VALUE` applied at once (so that the checks
+    across parameters see them together), or SystemExit with the problem."""
     cfg = EngineConfig()
     changes: dict[str, Any] = {}
     known = {f.name: f for f in fields(EngineConfig)}
@@ -123,7 +125,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     from worker.engine import STAGES, Engine
     from worker.sources import iter_pages
 
-    cfg = _config(args.set, args.extractor)
+    cfg = config_from_sets(args.set, args.extractor)
     try:
         kv = open_state(args.state, cfg, args.cache_mb)
     except StateError as exc:
@@ -183,7 +185,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     from worker.sandbox import Sandbox
     from worker.sources import iter_pages
 
-    cfg = _config(args.set, args.extractor)
+    cfg = config_from_sets(args.set, args.extractor)
     items = iter_pages(args.pages, cfg.max_bytes)
     rejected = 0
     with contextlib.ExitStack() as stack:
