@@ -95,7 +95,9 @@ def run_simhash(texts: list[tuple[str, str] | None]) -> tuple[dict[str, str], di
         if item is None:
             continue
         url, text = item
-        words = [w for w in jieba.lcut(text) if w.strip()]
+        # words: jieba's tokens with a letter or digit (its punctuation tokens, kept until
+        # 2026-11-25, gave every page the same heavy features and chained 504 pages)
+        words = [w for w in jieba.lcut(text) if any(c.isalnum() for c in w)]
         fp = simhash(Counter(words))
         hits = [u for u, f in seen if (f ^ fp).bit_count() <= 3]
         decisions[url] = uf.record(url, hits)
