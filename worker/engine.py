@@ -316,6 +316,7 @@ def decision_message(
         "fingerprint": f"{a.fps.fp1:016x}",
         "title": a.title,
         "text_chars": a.text_chars,
+        "charset": {"name": a.charset, "layer": a.layer},
         "decided_at": decided_at,
         "engine": engine_info,
     }

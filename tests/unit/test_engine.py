@@ -244,3 +244,23 @@ def test_template_only_pages_do_not_join_each_other() -> None:
     last = [o for o in outs[-2:] if isinstance(o, Outcome)]
     assert [o.decision["decision"] for o in last] == ["unique", "unique"]
     assert eng.stats.template_only == 2
+
+
+def test_a_decision_says_how_the_page_was_read() -> None:
+    """The codec and the decode layer that chose it (issue: record which layer decided)."""
+    title, paragraphs = "地铁新线开通", ARTICLES["rail"]
+    as_text = raw_page("https://a.example.cn/1", paragraphs, title)
+    big5 = raw_page("https://b.example.cn/1", paragraphs, title, charset="big5")
+    mislabelled = raw_page("https://c.example.cn/1", paragraphs, title, charset="gbk")
+    mislabelled["content_type"] = "text/html; charset=utf-8"  # the server's default, wrong
+    outs = run(Engine(MemoryKV(), CFG), [as_text, big5, mislabelled])
+    charsets = []
+    for out in outs:
+        assert isinstance(out, Outcome), out
+        assert validate("decision", out.decision) == []
+        charsets.append(out.decision["charset"])
+    assert charsets[0] == {"name": "utf-8", "layer": "text"}
+    assert charsets[1]["layer"] == "header" and charsets[1]["name"].startswith("big5")
+    # the header's utf-8 does not decode the body; the page's own <meta> says gbk, read as
+    # its superset gb18030
+    assert charsets[2] == {"name": "gb18030", "layer": "meta"}
