@@ -211,21 +211,37 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 
 def _add_set(parser: argparse.ArgumentParser, example: str) -> None:
+    defaults = EngineConfig()
+    names = ", ".join(f"{f.name} ({getattr(defaults, f.name)})" for f in fields(EngineConfig))
     parser.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help=f"an engine parameter, e.g. --set {example} (see the README's table)",
+        help=f"an engine parameter, repeatable, e.g. --set {example}; NAME (default) is one "
+        f"of: {names}. The README's engine table says what each does",
+    )
+
+
+def _add_extractor(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--extractor",
+        choices=sorted(EXTRACTORS),
+        help=f"main-text extractor (default: {EngineConfig().extractor}; fast is another name for "
+        "density; trafilatura is the slow reference). The same as --set extractor=NAME",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
+    exits = (
+        "Exit status: 0 all pages decided; 3 some pages rejected (see --rejects); "
+        "1 a fatal error such as state made with other parameters; 2 a usage error; "
+        "130 interrupted (the lines written are whole, and --state can be continued from)."
+    )
     parser = argparse.ArgumentParser(
         prog="neardup",
         description="Find near-duplicate Chinese web pages in crawled page files.",
-        epilog="Exit status: 0 all pages decided; 3 some pages rejected (see --rejects); "
-        "1 a fatal error such as state made with other parameters; 2 a usage error.",
+        epilog=exits,
     )
     parser.add_argument("--version", action="version", version=f"neardup {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
@@ -240,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="decide every page against all earlier pages",
         description="Decide each page (unique, duplicate, contained, contains) against every "
         "earlier page, and maintain clusters of near-duplicates.",
+        epilog=exits,
     )
     d.add_argument("pages", nargs="+", metavar="PAGES", help=pages_help)
     d.add_argument(
@@ -267,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="RocksDB block cache of --state, in MiB: the index blocks read most recently "
         "stay in this process's memory (default: %(default)s)",
     )
-    d.add_argument("--extractor", choices=sorted(EXTRACTORS), help="main-text extractor")
+    _add_extractor(d)
     _add_set(d, "k1=3")
     d.add_argument("-q", "--quiet", action="store_true", help="no summary on standard error")
     d.set_defaults(func=cmd_dedup)
@@ -278,11 +295,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Decode and extract each page; write {page_id, url, title, text} lines. "
         "Each page is extracted in the sandbox, under the engine's time and memory limits "
         "(extract_timeout_s, extract_max_mb).",
+        epilog=exits.replace("decided", "extracted")
+        .replace(" such as state made with other parameters", "")
+        .replace(", and --state can be continued from", ""),
     )
     e.add_argument("pages", nargs="+", metavar="PAGES", help=pages_help)
     e.add_argument("--out", required=True, help="output JSONL ('-' for standard output)")
     e.add_argument("--rejects", help="write rejected pages with their reasons")
-    e.add_argument("--extractor", choices=sorted(EXTRACTORS), help="main-text extractor")
+    _add_extractor(e)
     _add_set(e, "extract_timeout_s=2")
     e.set_defaults(func=cmd_extract)
     return parser
