@@ -264,3 +264,51 @@ def test_a_decision_says_how_the_page_was_read() -> None:
     # the header's utf-8 does not decode the body; the page's own <meta> says gbk, read as
     # its superset gb18030
     assert charsets[2] == {"name": "gb18030", "layer": "meta"}
+
+
+def _comparable(out: Outcome | Rejected) -> object:
+    if isinstance(out, Rejected):
+        return (out.reason, out.detail)
+    merges = [(m.from_cluster, m.into_cluster, m.page_id) for m in out.merges]
+    return {k: v for k, v in out.decision.items() if k != "decided_at"}, merges
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.randoms(use_true_random=False), st.booleans())
+def test_batch_equals_one_by_one(rng: random.Random, sandboxed: bool) -> None:
+    """``process_many`` (the command's path: pages analysed ahead, in the sandbox's child
+    or in-process) decides a stream as ``process`` does page by page, merges included."""
+    pages, _ = gold_stream(seed=rng.randrange(1000))
+    rng.shuffle(pages)
+    for i, msg in enumerate(pages):
+        msg["fetched_at"] = f"2026-03-02T00:{i // 60:02d}:{i % 60:02d}Z"
+    cfg = CFG if sandboxed else CFG.with_overrides(extract_timeout_s=0)
+    lines = [line(m) for m in pages]
+    lines.insert(rng.randrange(len(lines)), "{not json")
+    one, many = Engine(MemoryKV(), cfg), Engine(MemoryKV(), cfg)
+    try:
+        singly = [one.process(parse_raw(raw, cfg.max_bytes)) for raw in lines]
+        streamed = list(many.process_many(parse_raw(raw, cfg.max_bytes) for raw in lines))
+    finally:
+        one.close()
+        many.close()
+    assert [_comparable(o) for o in streamed] == [_comparable(o) for o in singly]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_redeciding_is_idempotent(rng: random.Random) -> None:
+    """Any page decided before, sent again in any order, gets its first decision byte for
+    byte, causes no merge, and writes nothing: the state is what it was."""
+    pages, _ = gold_stream(seed=rng.randrange(1000))
+    store = MemoryKV()
+    eng = Engine(store, CFG.with_overrides(extract_timeout_s=0))
+    first = {o.decision["page_id"]: o.decision for o in run(eng, pages) if isinstance(o, Outcome)}
+    state = dict(store.data)
+    assert len(state) > len(first)  # the engine's writes reached the store
+    again = rng.sample(pages, rng.randint(1, len(pages)))
+    for out in run(eng, again):
+        assert isinstance(out, Outcome), out
+        assert out.repeated and not out.conflict and out.merges == ()
+        assert out.decision == first[out.decision["page_id"]]
+    assert store.data == state
