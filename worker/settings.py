@@ -115,6 +115,11 @@ class Settings(BaseSettings):
     #: A worker that stops heartbeating leaves its group after this long, and its
     #: partitions move (NEARDUP_SESSION_TIMEOUT_MS).
     session_timeout_ms: int = Field(default=10_000, ge=6_000, le=300_000)
+    #: Seconds a stop (SIGTERM, SIGINT) may take before the worker exits anyway, status 1
+    #: (NEARDUP_STOP_GRACE_S): Faust's shutdown waits for the broker without end, so a
+    #: worker told to stop while the broker is away would otherwise run until SIGKILL.
+    #: Keep it under the orchestrator's own grace (the chart's 60 s).
+    stop_grace_s: float = Field(default=45.0, ge=1, le=3600)
     #: Metrics and health endpoint (NEARDUP_HTTP_HOST, NEARDUP_HTTP_PORT).
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)

@@ -120,6 +120,38 @@ def test_broker_stopped_and_restarted_while_the_worker_runs(
     print(f"broker restart: {pages} pages in, {out} decisions + rejects out")
 
 
+def test_a_worker_told_to_stop_while_the_broker_is_away_exits_by_its_deadline(
+    deploy: Any, tmp_path: Path, own_broker: LocalBroker
+) -> None:
+    """Faust's shutdown waits for the broker without end: SIGTERM with the broker stopped
+    used to leave the worker running (and logging) until SIGKILL. It now exits 1 at
+    NEARDUP_STOP_GRACE_S, saying why, and the next start loses nothing."""
+    values = stream(range(1, 7))
+    ref = reference(values, tmp_path)
+    d = deploy(2, bootstrap=own_broker.bootstrap)
+    d.produce(values)
+    w = d.worker(0)
+    w.env["NEARDUP_STOP_GRACE_S"] = "5"
+    w.start()
+    d.wait(lambda: len(d.decided()) >= len(ref.decisions) // 4, DEADLINE, "a quarter decided")
+    own_broker.run("stop", "--keep")
+    try:
+        assert w.proc is not None
+        told = time.monotonic()
+        w.proc.send_signal(signal.SIGTERM)
+        code = w.proc.wait(timeout=60)
+        took = time.monotonic() - told
+        print(f"SIGTERM with the broker away: exit {code} after {took:.1f} s")
+        assert code == 1 and took < 30, (code, took)
+        assert "stopping on SIGTERM: not stopped in time" in w.tail(200)
+    finally:
+        w.ended = True
+        own_broker.run("start")
+    d.worker(0).start()
+    d.wait(lambda: all_out(ref, d), DEADLINE, "every page decided after the restart")
+    check_against(ref, d)
+
+
 @pytest.mark.parametrize("leave", ["stop", "kill"])
 def test_a_second_worker_joins_then_leaves_under_load(
     deploy: Any, tmp_path: Path, leave: str

@@ -183,6 +183,27 @@ def exit_later(error: BaseException, grace_s: float = FATAL_GRACE_S) -> threadin
     return timer
 
 
+def arm_stop_deadline(grace_s: float) -> None:
+    """From the first stop signal on (SIGTERM, SIGINT), exit with status 1 unless the
+    shutdown has ended ``grace_s`` later.
+
+    mode's worker stops on a signal by stopping every service in turn, and Faust's consumer
+    stops by leaving its group, which waits for the broker without end: told to stop
+    while the broker was away, the worker logged a connection error 40 times a second and
+    ignored further signals until SIGKILL. Exiting instead is what SIGKILL would do (the
+    next start undoes table writes its changelogs lack), with the reason said first."""
+    from mode.worker import Worker as ModeWorker
+
+    original = ModeWorker._schedule_shutdown
+
+    def schedule(self: ModeWorker, sig: signal.Signals) -> None:
+        if not self._signal_stop_time:  # the first signal: mode starts stopping now
+            exit_later(RuntimeError(f"stopping on {sig.name}: not stopped in time"), grace_s)
+        original(self, sig)
+
+    ModeWorker._schedule_shutdown = schedule  # type: ignore[method-assign,assignment]
+
+
 #: NEARDUP_LOG_LEVEL as Faust's ``--loglevel`` spells it (it has no "warning").
 FAUST_LOGLEVELS = {"DEBUG": "debug", "INFO": "info", "WARNING": "warn", "ERROR": "error"}
 
@@ -240,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             # writes its changelog may lack
             log.critical("%s", fatal_message(exc, settings.state_dir))
             return 1
+        arm_stop_deadline(settings.stop_grace_s)
         if not {"--with-web", "--without-web"} & set(argv):
             # Faust's own web server would bind 0.0.0.0:6066; ours is worker.kafka.http
             argv = [*argv, "--without-web"]

@@ -93,6 +93,9 @@ a float64, which would print 5242880 as 5.24288e+06; whole numbers print as inte
 {{- if lt (int $s.http_port) 1 }}
 {{- fail "settings.http_port (NEARDUP_HTTP_PORT) is 0: the worker would listen on a port of the kernel's choosing, which the container port, the probes and Prometheus cannot name. Set a port from 1 to 65535" }}
 {{- end }}
+{{- if and (include "neardup.isSet" $s.stop_grace_s) (ge (float64 $s.stop_grace_s) (float64 .Values.terminationGracePeriodSeconds)) }}
+{{- fail (printf "settings.stop_grace_s (NEARDUP_STOP_GRACE_S, %v) must be under terminationGracePeriodSeconds (%v): the worker's own deadline has to come before Kubernetes' SIGKILL, so that it says why it stops" $s.stop_grace_s .Values.terminationGracePeriodSeconds) }}
+{{- end }}
 {{- if eq (toString $s.processing_guarantee) "exactly_once" }}
 {{- fail "settings.processing_guarantee (NEARDUP_PROCESSING_GUARANTEE) is exactly_once, which the worker refuses at start (every pod would crash-loop): Faust's transactions cover only outputs co-partitioned with the input, and the sequencer topic and the outputs are not. Use at_least_once: the worker's outputs are idempotent" }}
 {{- end }}
