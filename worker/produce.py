@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 from aiokafka.helpers import create_ssl_context  # type: ignore[import-untyped]
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from worker.contract import max_line_bytes
 from worker.kafka.security import connection_problem, describe, install_log_redaction
@@ -269,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = {"brokers": args.brokers} if args.brokers else {}
     try:
         settings = Settings(**overrides)
-    except ValidationError as exc:
+    except (ValidationError, SettingsError) as exc:
         _warn(settings_problem(exc))
         return EXIT_USAGE
     install_log_redaction(settings)

@@ -22,7 +22,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from worker.config import EngineConfig
 
@@ -167,10 +167,13 @@ class Settings(BaseSettings):
 _SECRET_FIELDS = frozenset({"sasl_password"})
 
 
-def settings_problem(exc: ValidationError) -> str:
+def settings_problem(exc: ValidationError | SettingsError) -> str:
     """What is wrong with the settings, a line per problem, naming each variable: pydantic's
     own text is a paragraph per error with a documentation link. A secret's value is never
-    shown; any other value is, shortened."""
+    shown; any other value is, shortened. (A SettingsError, a variable that is not the JSON
+    a nested setting such as NEARDUP_ENGINE needs, names the field and never the value.)"""
+    if isinstance(exc, SettingsError):
+        return f"bad settings:\n  {exc}"
     lines = []
     for err in exc.errors():
         loc = [str(part) for part in err["loc"]]

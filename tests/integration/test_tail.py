@@ -4,6 +4,7 @@ beginning, every partition, without joining a consumer group."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -59,3 +60,35 @@ def test_tail_of_a_topic_that_does_not_exist_says_so_and_creates_none(
     assert done.stdout == ""
     again = _tail(kafka_bootstrap, names, names.raw, "--idle-s", "1")
     assert again.returncode == 1  # still none: asking did not create it
+
+
+def test_tail_stops_quietly_on_ctrl_c_and_when_its_reader_goes(kafka_bootstrap: str) -> None:
+    names = Names()
+    create_topics(kafka_bootstrap, {names.decisions: 2})
+    # 200 KB: more than a pipe holds, so a closed reader is seen by a write
+    produce(kafka_bootstrap, names.decisions, [b'{"n": "%s"}' % (b"x" * 2000) for _ in range(100)])
+    env = {
+        **os.environ,
+        "NEARDUP_BROKERS": kafka_bootstrap,
+        "NEARDUP_TOPIC_DECISIONS": names.decisions,
+    }
+    # Python's own SIGINT handler even where the runner started us with SIGINT ignored
+    launch = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv = ['tail', '--idle-s', '60']; runpy.run_module('worker.kafka.tail', "
+        "run_name='__main__')"
+    )
+    argv = [sys.executable, "-c", launch]
+    pipes = {"env": env, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    # Ctrl-C: exit 130, as neardup dedup, with no traceback
+    proc = subprocess.Popen(argv, **pipes)  # type: ignore[call-overload]
+    assert proc.stdout.readline()  # reading, then interrupted
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and b"Traceback" not in err, err
+    # `| head -1`: the reader closes the pipe; not a broker failure, nothing said
+    proc = subprocess.Popen(argv, **pipes)  # type: ignore[call-overload]
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=90) == 0
+    assert proc.stderr.read() == b""

@@ -447,6 +447,17 @@ def test_bad_settings_stop_the_worker_with_a_line_per_variable_and_no_traceback(
     assert "NEARDUP_ENGINE__*: need 0 <= k1 <= k2 <= 32, got k1=9 k2=6" in err
     assert "NEARDUP_SASL_USERNAME: NEARDUP_SECURITY_PROTOCOL=SASL_SSL needs" in err
     assert "s3cret-pw-in-env" not in err and "Traceback" not in err
+    # a nested setting given as something other than its JSON: pydantic-settings' own error
+    monkeypatch.setenv("NEARDUP_SECURITY_PROTOCOL", "PLAINTEXT")
+    monkeypatch.delenv("NEARDUP_ENGINE__K1")
+    monkeypatch.setenv("NEARDUP_ENGINE", "{s3cret-pw-in-env")
+    assert entry.main(["worker"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[:2] == [
+        "neardup worker: bad settings:",
+        '  error parsing value for field "engine" from source "EnvSettingsSource"',
+    ]
+    assert "s3cret-pw-in-env" not in err and "Traceback" not in err
 
 
 def test_a_misspelt_variable_is_named_with_the_setting_it_is_closest_to() -> None:

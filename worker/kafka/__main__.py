@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from worker.kafka import freshness, undo
 from worker.kafka.security import connection_problem, describe, install_log_redaction
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         settings = Settings()
-    except ValidationError as exc:
+    except (ValidationError, SettingsError) as exc:
         print(f"neardup worker: {settings_problem(exc)}", file=sys.stderr)
         return 2
     install_log_redaction(settings)

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -21,6 +24,7 @@ from typing import IO
 
 from aiokafka import AIOKafkaConsumer  # type: ignore[import-untyped]
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from worker.kafka.security import (
     aiokafka_kwargs,
@@ -54,8 +58,8 @@ async def tail(settings: Settings, topic: str, idle_s: float, out: IO[str]) -> i
         auto_offset_reset="earliest",
         **aiokafka_kwargs(settings),
     )
-    await consumer.start()
     try:
+        await consumer.start()
         # the topics the cluster has (a consumer asks for all of them, creating none)
         if topic not in await consumer.topics():
             raise NoSuchTopicError(topic)
@@ -63,6 +67,8 @@ async def tail(settings: Settings, topic: str, idle_s: float, out: IO[str]) -> i
         consumer.subscribe([topic])
         printed, last = 0, time.monotonic()
         while time.monotonic() - last < idle_s:
+            if not consumer.assignment():  # quiet only counts once there is a partition
+                last = time.monotonic()
             batches = await consumer.getmany(timeout_ms=200)
             for tp in sorted(batches):
                 for msg in batches[tp]:
@@ -109,13 +115,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         settings = Settings()
-    except ValidationError as exc:
+    except (ValidationError, SettingsError) as exc:
         print(f"neardup-tail: {settings_problem(exc)}", file=sys.stderr)
         return EXIT_USAGE
     install_log_redaction(settings)
-    topic = topic_name(settings, args.topic)
+    return run(settings, topic_name(settings, args.topic), args.idle_s)
+
+
+def run(settings: Settings, topic: str, idle_s: float) -> int:
+    """``tail`` to standard output; the exit status, the outcome said on standard error."""
     try:
-        printed = asyncio.run(tail(settings, topic, args.idle_s, sys.stdout))
+        printed = asyncio.run(tail(settings, topic, idle_s, sys.stdout))
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    except BrokenPipeError:  # the reader went away (| head): nothing more to say
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (so the exit flush is quiet)
+        return EXIT_OK
     except NoSuchTopicError:
         print(f"neardup-tail: no topic {topic!r} at {describe(settings)}", file=sys.stderr)
         return EXIT_FATAL
