@@ -489,7 +489,7 @@ def test_a_page_whose_decision_fails_is_dead_lettered_and_logged_with_its_offset
     assert (rej["reason"], rej["page_id"]) == ("internal", gold[0].page.page_id)
     assert not [e for e in out if e.topic == "decisions"]
     [record] = [r for r in caplog.records if "decide failed" in r.getMessage()]
-    assert "topic=nd-sequencer partition=0 offset=41" in record.getMessage()
+    assert "released while handling topic=nd-sequencer partition=0 offset=41" in record.getMessage()
 
 
 def test_analyse_message_rejects_without_raising() -> None:

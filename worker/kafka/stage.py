@@ -430,7 +430,7 @@ class DecideStage:
         self.engine.kv.rollback()
         self.journal.discard()
         log.error(
-            "decide failed on page %s (%s) topic=%s partition=0 offset=%s",
+            "decide failed on page %s (%s), released while handling topic=%s partition=0 offset=%s",
             a.page.page_id,
             a.page.url,
             self.topic,
