@@ -21,12 +21,10 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 from aiokafka.helpers import create_ssl_context  # type: ignore[import-untyped]
-from pydantic import ValidationError
-from pydantic_settings import SettingsError
 
 from worker.contract import max_line_bytes
-from worker.kafka.security import connection_problem, describe, install_log_redaction
-from worker.settings import Settings, settings_problem
+from worker.kafka.security import describe, install_log_redaction, why_failed
+from worker.settings import Settings, read_settings
 from worker.sources import STREAM_ERRORS, UTF8_BOM, open_input
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_NOT_SENT = 0, 1, 2, 3
@@ -268,10 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     overrides = {"brokers": args.brokers} if args.brokers else {}
-    try:
-        settings = Settings(**overrides)
-    except (ValidationError, SettingsError) as exc:
-        _warn(settings_problem(exc))
+    settings = read_settings("neardup-produce", **overrides)
+    if settings is None:
         return EXIT_USAGE
     install_log_redaction(settings)
     topic = args.topic or settings.topic_raw
@@ -297,10 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         asyncio.run(produce(lines, topic, kwargs, tally))
     except Exception as exc:  # connection or authentication failure: say it once, plainly
-        why = f"{type(exc).__name__}: {exc}"
-        if type(exc).__name__ == "KafkaConnectionError":  # aiokafka names no cause: find it
-            why = asyncio.run(connection_problem(settings))
-        _warn(f"cannot produce to {describe(settings)}: {why}")
+        _warn(f"cannot produce to {describe(settings)}: {why_failed(settings, exc)}")
         tally.failed += 1
     print(
         f"sent {tally.sent} messages to {topic} at {settings.brokers}"

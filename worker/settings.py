@@ -190,6 +190,18 @@ def settings_problem(exc: ValidationError | SettingsError) -> str:
     return "bad settings:\n  " + "\n  ".join(lines)
 
 
+def read_settings(command: str, **overrides: object) -> Settings | None:
+    """The settings from the environment (and ``overrides``), or None after saying on
+    standard error, as ``command``, what is wrong with them (``settings_problem``)."""
+    import sys
+
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except (ValidationError, SettingsError) as exc:
+        print(f"{command}: {settings_problem(exc)}", file=sys.stderr)
+        return None
+
+
 #: NEARDUP_* variables that other parts of the project read: the lexicon cache (``worker.
 #: fingerprint``), scripts/get-helm.sh's, the fault tests' seed, and every NEARDUP_KAFKA_*
 #: of scripts/kafka-local.sh. Not settings, and not typos of one.

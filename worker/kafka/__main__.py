@@ -24,13 +24,10 @@ import sys
 import threading
 from pathlib import Path
 
-from pydantic import ValidationError
-from pydantic_settings import SettingsError
-
 from worker.kafka import freshness, undo
 from worker.kafka.security import connection_problem, describe, install_log_redaction
 from worker.kafka.topics import ensure_topics_sync, tombstone_retention_ms
-from worker.settings import Settings, settings_problem, unknown_variables
+from worker.settings import Settings, read_settings, unknown_variables
 
 log = logging.getLogger("worker.kafka")
 
@@ -227,10 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     # write past it, with no word said; ignored, the write fails (EFBIG) as on a full
     # disk, and the worker stops with a message saying so.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    try:
-        settings = Settings()
-    except (ValidationError, SettingsError) as exc:
-        print(f"neardup worker: {settings_problem(exc)}", file=sys.stderr)
+    settings = read_settings("neardup worker")
+    if settings is None:
         return 2
     install_log_redaction(settings)
     logging.basicConfig(

@@ -636,7 +636,7 @@ class Worker:
         consumer: Any = self.app.consumer
         tps = sorted(tp for tp in consumer.assignment() if tp.topic == self.names.raw)
         if not tps:
-            self.metrics.lag.clear()  # a partition this worker lost is another's to report
+            self.metrics.lag = {}  # a partition this worker lost is another's to report
             return
         # before the end offsets are read: the marks vouch for what was forwarded by then
         at = time.time()
@@ -652,8 +652,7 @@ class Worker:
             {tp.partition: earliest.get(tp) for tp in tps},
         )
         # only the partitions held now: one lost in a rebalance is reported by its new owner
-        self.metrics.lag.clear()
-        self.metrics.lag.update(lag)
+        self.metrics.lag = lag
         # none while paused (``admit``): marks are sequencer messages too, and a steady
         # flow of them behind slow commits could keep the backlog from ever draining
         if marks and not self.paused:

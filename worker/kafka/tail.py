@@ -23,16 +23,9 @@ from collections.abc import Sequence
 from typing import IO
 
 from aiokafka import AIOKafkaConsumer  # type: ignore[import-untyped]
-from pydantic import ValidationError
-from pydantic_settings import SettingsError
 
-from worker.kafka.security import (
-    aiokafka_kwargs,
-    connection_problem,
-    describe,
-    install_log_redaction,
-)
-from worker.settings import Settings, settings_problem
+from worker.kafka.security import aiokafka_kwargs, describe, install_log_redaction, why_failed
+from worker.settings import Settings, read_settings
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE = 0, 1, 2
 _SHORT = ("raw", "decisions", "merges", "rejects")
@@ -113,10 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.idle_s <= 0:
         print("neardup-tail: --idle-s must be positive", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        settings = Settings()
-    except (ValidationError, SettingsError) as exc:
-        print(f"neardup-tail: {settings_problem(exc)}", file=sys.stderr)
+    settings = read_settings("neardup-tail")
+    if settings is None:
         return EXIT_USAGE
     install_log_redaction(settings)
     return run(settings, topic_name(settings, args.topic), args.idle_s)
@@ -136,9 +127,7 @@ def run(settings: Settings, topic: str, idle_s: float) -> int:
         print(f"neardup-tail: no topic {topic!r} at {describe(settings)}", file=sys.stderr)
         return EXIT_FATAL
     except Exception as exc:  # connection or authentication failure: say it once, plainly
-        why = f"{type(exc).__name__}: {exc}"
-        if type(exc).__name__ == "KafkaConnectionError":  # aiokafka names no cause: find it
-            why = asyncio.run(connection_problem(settings))
+        why = why_failed(settings, exc)
         print(f"neardup-tail: cannot read from {describe(settings)}: {why}", file=sys.stderr)
         return EXIT_FATAL
     print(f"{printed} messages from {topic}", file=sys.stderr)
