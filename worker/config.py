@@ -66,6 +66,9 @@ class EngineConfig:
     #: Template counts cover a host's last ``template_window`` to ``2 * template_window``
     #: pages; older counts are deleted, which bounds the state per host.
     template_window: int = 5000
+    #: Hosts whose template counts are kept: a host not seen while about this many others
+    #: were loses its counts (``worker.template``), which bounds the number of hosts.
+    template_hosts: int = 200_000
     #: Index buckets stop growing at this many entries (newer entries are not added).
     bucket_cap: int = 4096
     #: Entries of pages fetched more than this many days before the newest page are
@@ -118,6 +121,8 @@ class EngineConfig:
             raise ValueError("ccs_contain must be in [0, 1]")
         if self.template_window < 100:
             raise ValueError("template_window must be >= 100 pages")
+        if self.template_hosts < 2:
+            raise ValueError("template_hosts must be >= 2")
         if not 16 <= self.sketch_size <= 4096:
             raise ValueError("sketch_size must be in [16, 4096]")
         if self.bucket_cap < 16:

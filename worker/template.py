@@ -3,6 +3,14 @@
 Counts are kept per host in two generations of ``template_window`` pages each; when a
 third generation starts the oldest is deleted, so the state per host is bounded by about
 2 * template_window * (strings per page) small keys, and nothing is held in memory.
+
+The number of hosts is bounded too, by ``template_hosts``. Hosts enter a queue when they
+are first seen, and again when their place in it is more than half the queue old; each
+page pops at most two places off the front once the queue is longer than
+``template_hosts``, and a host whose latest place is popped loses its counts. A host seen
+at least once every ``template_hosts // 2`` queue entries (at most one a page) keeps them.
+Everything is driven by the pages in the order they are decided, never by the clock, so
+every worker that replays the same pages keeps the same hosts.
 """
 
 from __future__ import annotations
@@ -15,13 +23,32 @@ from worker.fingerprint import hash64
 from worker.store import KV
 
 _COUNT = struct.Struct("<I")
+#: A host's pages seen, then its latest place in the host queue. State written before the
+#: queue existed holds the pages alone, and such a host enters the queue when next seen.
+_HOST = struct.Struct("<QQ")
 _PAGES = struct.Struct("<Q")
+#: The host queue's front and end: places [front, end) are in the queue.
+_QUEUE_ENDS = b"F"
+_QUEUE = b"Q"  # + place (8 bytes, big-endian) -> host key
+_POPS_A_PAGE = 2
+
+
+def _host_record(raw: bytes | None) -> tuple[int, int | None]:
+    """Pages seen and the host's place in the queue (None: not in it)."""
+    if not raw:
+        return 0, None
+    if len(raw) == _PAGES.size:
+        return _PAGES.unpack(raw)[0], None
+    seen, place = _HOST.unpack(raw)
+    return seen, place
 
 
 class TemplateFilter:
     def __init__(self, kv: KV, cfg: EngineConfig) -> None:
         self.kv = kv
         self.cfg = cfg
+        #: Hosts whose counts were dropped by the host bound, in this process.
+        self.hosts_evicted = 0
 
     @staticmethod
     def _host_key(host: str) -> bytes:
@@ -36,8 +63,8 @@ class TemplateFilter:
         Returns the template strings and how many pages of the host were seen before.
         """
         hk = self._host_key(host)
-        (raw_pages,) = self.kv.get_many([b"H" + hk])
-        seen = _PAGES.unpack(raw_pages)[0] if raw_pages else 0
+        raw_host, raw_ends = self.kv.get_many([b"H" + hk, _QUEUE_ENDS])
+        seen, place = _host_record(raw_host)
         window = self.cfg.template_window
         gen = seen // window
         distinct = sorted(set(strings).union(also))
@@ -60,9 +87,38 @@ class TemplateFilter:
 
         cur_counts = [_COUNT.unpack(v)[0] if v else 0 for v in values[: len(cur)]]
         writes = [(k, _COUNT.pack(c + 1)) for k, c in zip(cur, cur_counts, strict=True)]
-        writes.append((b"H" + hk, _PAGES.pack(seen + 1)))
+        front, end = _HOST.unpack(raw_ends) if raw_ends else (0, 0)
+        if place is None or place < end - self.cfg.template_hosts // 2:
+            writes.append((_QUEUE + end.to_bytes(8, "big"), hk))
+            place, end = end, end + 1
+        writes.append((b"H" + hk, _HOST.pack(seen + 1, place)))
         self.kv.put_many(writes)
         if (seen + 1) % window == 0 and gen >= 1:
             # generation gen + 1 starts with the next page; gen - 1 leaves the window
             self.kv.delete_prefix(b"T" + hk + (gen - 1).to_bytes(4, "big"))
+        front = self._pop(front, end)
+        self.kv.put_many([(_QUEUE_ENDS, _HOST.pack(front, end))])
         return template, seen
+
+    def _pop(self, front: int, end: int) -> int:
+        """Pops places off the front of a queue longer than ``template_hosts``, at most
+        ``_POPS_A_PAGE``; drops the counts of a host whose latest place is popped.
+        Returns the new front.
+
+        The page's own host is never dropped: its place is at least ``end -
+        template_hosts // 2``, and a place is popped only while it is below ``end -
+        template_hosts``."""
+        for _ in range(_POPS_A_PAGE):
+            if end - front <= self.cfg.template_hosts:
+                break
+            key = _QUEUE + front.to_bytes(8, "big")
+            (hk,) = self.kv.get_many([key])
+            if hk is not None:
+                (raw_host,) = self.kv.get_many([b"H" + hk])
+                if _host_record(raw_host)[1] == front:
+                    self.kv.delete_prefix(b"T" + hk)
+                    self.kv.delete_many([b"H" + hk])
+                    self.hosts_evicted += 1
+            self.kv.delete_many([key])
+            front += 1
+        return front

@@ -165,6 +165,71 @@ def test_a_frequent_string_stays_template_across_generations() -> None:
     assert all(hits[5:])
 
 
+def _hosts_kept(kv: MemoryKV) -> int:
+    return sum(1 for k in kv.data if k.startswith(b"H"))
+
+
+def test_the_number_of_hosts_is_bounded() -> None:
+    inner = MemoryKV()
+    kv = BufferedKV(inner)
+    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=100))
+    kept = []
+    for page in range(2000):  # every page from a host never seen before
+        tf.filter(f"h{page}.example.cn", [page * 10 + j for j in range(5)])
+        kv.commit()
+        kept.append(_hosts_kept(inner))
+    assert max(kept) <= 101 and kept[-1] >= 99  # bounded, and the bound is used
+    assert sum(1 for k in inner.data if k.startswith(b"Q")) <= 101
+    assert sum(1 for k in inner.data if k.startswith(b"T")) <= 101 * 5
+    assert tf.hosts_evicted >= 1899
+
+
+def test_a_host_seen_regularly_keeps_its_template_while_others_pass() -> None:
+    kv = BufferedKV(MemoryKV())
+    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=100, template_min_df=5))
+    hits = []
+    for page in range(3000):
+        if page % 40 == 0:  # once every 40 pages, well inside half the bound
+            template, _ = tf.filter("busy.example.cn", [7, 10**6 + page])
+            hits.append(7 in template)
+        else:
+            tf.filter(f"h{page}.example.cn", [page])
+        kv.commit()
+    assert hits[5:] and all(hits[5:]) and not any(hits[:5])
+
+
+def test_a_host_dropped_by_the_bound_learns_again_from_nothing() -> None:
+    kv = BufferedKV(MemoryKV())
+    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=10, template_min_df=3))
+    for _ in range(4):
+        template, seen = tf.filter("a.example.cn", [1])
+        kv.commit()
+    assert template == {1} and seen == 3
+    for page in range(30):
+        tf.filter(f"h{page}.example.cn", [page])
+        kv.commit()
+    template, seen = tf.filter("a.example.cn", [1])
+    assert template == set() and seen == 0
+
+
+def test_a_host_counted_before_the_bound_existed_joins_the_queue() -> None:
+    # state written before the host queue: a host's record was its page count alone
+    inner = MemoryKV()
+    kv = BufferedKV(inner)
+    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=10, template_min_df=3))
+    hk = TemplateFilter._host_key("a.example.cn")
+    inner.data[b"H" + hk] = (3).to_bytes(8, "little")
+    for s in (b"T" + hk + (0).to_bytes(4, "big") + (1).to_bytes(8, "big"),):
+        inner.data[s] = (3).to_bytes(4, "little")
+    template, seen = tf.filter("a.example.cn", [1])
+    kv.commit()
+    assert template == {1} and seen == 3
+    for page in range(30):
+        tf.filter(f"h{page}.example.cn", [page])
+        kv.commit()
+    assert b"H" + hk not in inner.data  # it was queued, so the bound reached it
+
+
 # -- clusters ------------------------------------------------------------------------
 
 
