@@ -170,11 +170,15 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     if not args.quiet:
         staged = sum(st.seconds[s] for s in STAGES) or 1.0
         shares = ", ".join(f"{s} {st.seconds[s] / staged:.0%}" for s in STAGES)
+        capped = ", ".join(f"{part} {n}" for part, n in engine.index.capped.items())
+        evicted = engine.templates.hosts_evicted
         print(
             f"neardup: {st.pages} pages in {elapsed:.1f} s ({st.pages / max(elapsed, 1e-9):.1f}"
             f" pages/s); decisions {dict(st.decisions)}; repeated {st.repeated}; merges "
             f"{st.merges}; rejected {dict(st.rejects)}; page ids reused for other content "
-            f"{st.conflicts}\nneardup: time by stage: {shares}",
+            f"{st.conflicts}\nneardup: index entries not added, bucket full: {capped}; "
+            f"hosts whose template counts the host bound dropped: {evicted}"
+            f"\nneardup: time by stage: {shares}",
             file=sys.stderr,
         )
     return EXIT_REJECTED if rejected else EXIT_OK

@@ -289,3 +289,26 @@ def test_an_interrupt_leaves_whole_lines_and_a_state_to_continue_from(
     for d in first:  # the pages decided before are answered the same
         assert redone[str(d["page_id"])]["decision"] == d["decision"]
         assert redone[str(d["page_id"])]["duplicate_of"] == d["duplicate_of"]
+
+
+def test_the_summary_says_what_the_bounds_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.corpus import line, raw_page
+
+    text = ["市气象台今天发布寒潮蓝色预警，预计明天起气温将下降八到十度。", "请市民注意防寒保暖。"]
+    pages = tmp_path / "pages.jsonl"
+    pages.write_text(
+        "".join(
+            line(raw_page(f"https://s{i}.example.cn/a", text, "寒潮来袭")) + "\n" for i in range(20)
+        ),
+        encoding="utf-8",
+    )
+    out = tmp_path / "d.jsonl"
+    sets = ["--set", "bucket_cap=16", "--set", "template_hosts=4", "--set", "extract_timeout_s=0"]
+    assert main(["dedup", str(pages), "--out", str(out), *sets]) == 0
+    assert len(read(out)) == 20
+    err = capsys.readouterr().err
+    # 20 pages of one text: 8 SimHash buckets and 2 period strings each, full after 16
+    assert "index entries not added, bucket full: simhash 32, strings 8;" in err
+    assert "hosts whose template counts the host bound dropped: 16\n" in err
