@@ -345,6 +345,15 @@ def test_a_worker_pauses_its_raw_partitions_while_the_sequencer_is_behind(
     assert "neardup_raw_paused 0.0" in metrics and "neardup_sequencer_backlog 0.0" in metrics
 
 
+def test_the_metrics_say_what_the_bounds_dropped(tmp_path: Path) -> None:
+    worker, _ = _worker(tmp_path)
+    worker.stage.engine.index.capped["strings"] = 5
+    worker.stage.engine.templates.hosts_evicted = 3
+    metrics = worker.metrics.render().decode()
+    assert 'neardup_index_capped{part="strings"} 5.0' in metrics
+    assert "neardup_template_hosts_dropped_total 3.0" in metrics
+
+
 def test_paused_raw_pages_wait_unanalysed_then_go_on(tmp_path: Path) -> None:
     worker, rec = _worker(tmp_path)
     worker.paused = True

@@ -28,6 +28,22 @@ class _StageCollector:
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
 
+    def _bounds(self) -> Iterator[Metric]:
+        """What the state's bounds dropped: index entries and template hosts."""
+        engine = self.m.worker.stage.engine
+        capped = GaugeMetricFamily(
+            "neardup_index_capped", "Index entries not written: bucket full", labels=["part"]
+        )
+        for part, n in engine.index.capped.items():
+            capped.add_metric([part], n)
+        yield capped
+        dropped = CounterMetricFamily(
+            "neardup_template_hosts_dropped",
+            "Hosts whose template counts the host bound (template_hosts) dropped",
+        )
+        dropped.add_metric([], engine.templates.hosts_evicted)
+        yield dropped
+
     def collect(self) -> Iterator[Metric]:
         w = self.m.worker
         a, e, c = w.analyse_stats, w.stage.engine.stats, w.stage.counts
@@ -108,12 +124,7 @@ class _StageCollector:
             probes.add_metric([], w.probe_counts.probes)
             yield probes
 
-        capped = GaugeMetricFamily(
-            "neardup_index_capped", "Index entries not written: bucket full", labels=["part"]
-        )
-        for part, n in w.stage.engine.index.capped.items():
-            capped.add_metric([part], n)
-        yield capped
+        yield from self._bounds()
 
         keys, size = state_size(self.m.worker)
         if keys is not None:
