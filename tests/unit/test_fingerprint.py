@@ -50,6 +50,35 @@ def test_golden_fingerprints() -> None:
     assert fp_of(ARTICLES["rail"]) == GOLDEN["rail"]
 
 
+def _digest(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def test_golden_period_strings_sketch_and_index_keys() -> None:
+    # what the index stores beside the SimHash: the period-string postings, the 5-gram
+    # sketch, the bucket and posting keys and a bucket's entry layout
+    from worker.fingerprint import Fingerprints
+    from worker.index import KVIndex, make_entry
+    from worker.store import MemoryKV
+
+    f = fingerprint(normalise("\n".join(ARTICLES["rail"])), CFG)
+    assert (len(f.strings), f.strings[0], f.words, f.shingles) == (7, 0x26BE0766B58D2967, 115, 274)
+    assert _digest(np.array(f.strings, dtype="<u8").tobytes()) == "62b5ca7d873c8dbf"
+    assert len(f.sketch) == 4 * CFG.sketch_size and _digest(f.sketch) == "b7ace727a14e538f"
+    index = KVIndex(MemoryKV(), CFG)
+    sim, strings = index.keys(f)
+    assert (len(sim), len(strings)) == (8, 7)
+    assert sim[0] == b"P\x00\xa6\x9a" + bytes(6)  # primary, table 0: the first 16 bits
+    assert _digest(b"".join(sim + strings)) == "3c66f214023ee49e"
+    assert _digest(index.sketch_value(f)) == "5178ff67885cc9dc"
+    entry = make_entry(0x0102030405060708, Fingerprints(*GOLDEN["rail"], (1, 2, 3), 5), 1 << 40)
+    assert entry.tobytes().hex() == (
+        "0807060504030201fb254b72e5789aa67a711350bea0a322000000000001000003000000"
+    )
+
+
 def test_segmenters_agree_closely() -> None:
     a = fp_of(ARTICLES["library"], CFG)
     b = fp_of(ARTICLES["library"], CFG.with_overrides(segmenter="jieba"))
