@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
-from aiokafka.helpers import create_ssl_context  # type: ignore[import-untyped]
 
 from worker.contract import max_line_bytes
 from worker.kafka.security import describe, install_log_redaction, why_failed
@@ -181,29 +180,19 @@ def _skip_rest_of_line(stream: _Lines, chunk: int) -> None:
 
 def producer_kwargs(settings: Settings, *, max_request_size: int) -> dict[str, Any]:
     """Keyword arguments for ``AIOKafkaProducer``: idempotent, acks=all, security from
-    ``settings``. The result holds the SASL password in clear: never log it."""
-    kwargs: dict[str, Any] = {
+    ``settings`` as every client of the worker has it. The result holds the SASL password
+    in clear: never log it."""
+    from worker.kafka.security import aiokafka_kwargs
+
+    return {
         "bootstrap_servers": settings.brokers,
         "client_id": f"{settings.app_id}-producer",
         "acks": "all",
         "enable_idempotence": True,
         "max_request_size": max_request_size,
         "linger_ms": 5,
-        "security_protocol": settings.security_protocol,
+        **aiokafka_kwargs(settings),
     }
-    if settings.security_protocol in ("SSL", "SASL_SSL"):
-        # cafile None means the system trust store (create_default_context).
-        kwargs["ssl_context"] = create_ssl_context(cafile=settings.ssl_cafile)
-    if settings.security_protocol.startswith("SASL_"):
-        if not settings.sasl_username or settings.sasl_password is None:
-            raise ValueError(
-                f"NEARDUP_SECURITY_PROTOCOL={settings.security_protocol} needs "
-                "NEARDUP_SASL_USERNAME and NEARDUP_SASL_PASSWORD"
-            )
-        kwargs["sasl_mechanism"] = settings.sasl_mechanism
-        kwargs["sasl_plain_username"] = settings.sasl_username
-        kwargs["sasl_plain_password"] = settings.sasl_password.get_secret_value()
-    return kwargs
 
 
 async def produce(

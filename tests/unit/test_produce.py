@@ -162,11 +162,13 @@ def test_kwargs_plaintext() -> None:
 def test_kwargs_sasl_ssl_scram(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str | None] = []
 
-    def fake_context(*, cafile: str | None = None) -> ssl.SSLContext:
-        seen.append(cafile)
-        return ssl.create_default_context()
+    real = ssl.create_default_context
 
-    monkeypatch.setattr(produce, "create_ssl_context", fake_context)
+    def fake_context(purpose: ssl.Purpose, *, cafile: str | None = None) -> ssl.SSLContext:
+        seen.append(cafile)
+        return real(purpose)
+
+    monkeypatch.setattr(ssl, "create_default_context", fake_context)
     monkeypatch.setenv("NEARDUP_SECURITY_PROTOCOL", "SASL_SSL")
     monkeypatch.setenv("NEARDUP_SASL_MECHANISM", "SCRAM-SHA-512")
     monkeypatch.setenv("NEARDUP_SASL_USERNAME", "crawler")
@@ -191,9 +193,7 @@ def test_kwargs_ssl_without_ca_uses_system_store() -> None:
 
 def test_kwargs_sasl_needs_credentials() -> None:
     with pytest.raises(ValueError, match="NEARDUP_SASL_PASSWORD"):
-        produce.producer_kwargs(
-            Settings(security_protocol="SASL_PLAINTEXT", sasl_username="u"), max_request_size=1
-        )
+        Settings(security_protocol="SASL_PLAINTEXT", sasl_username="u")
 
 
 class FakeProducer:
