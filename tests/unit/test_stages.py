@@ -198,6 +198,13 @@ def test_a_host_seen_regularly_keeps_its_template_while_others_pass() -> None:
     assert hits[5:] and all(hits[5:]) and not any(hits[:5])
 
 
+def _other_hosts(tf: TemplateFilter, kv: BufferedKV, pages: int) -> None:
+    """``pages`` pages, each from a host not seen before."""
+    for page in range(pages):
+        tf.filter(f"h{page}.example.cn", [page])
+        kv.commit()
+
+
 def test_a_host_dropped_by_the_bound_learns_again_from_nothing() -> None:
     kv = BufferedKV(MemoryKV())
     tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=10, template_min_df=3))
@@ -205,9 +212,7 @@ def test_a_host_dropped_by_the_bound_learns_again_from_nothing() -> None:
         template, seen = tf.filter("a.example.cn", [1])
         kv.commit()
     assert template == {1} and seen == 3
-    for page in range(30):
-        tf.filter(f"h{page}.example.cn", [page])
-        kv.commit()
+    _other_hosts(tf, kv, 30)
     template, seen = tf.filter("a.example.cn", [1])
     assert template == set() and seen == 0
 
@@ -219,14 +224,13 @@ def test_a_host_counted_before_the_bound_existed_joins_the_queue() -> None:
     tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=10, template_min_df=3))
     hk = TemplateFilter._host_key("a.example.cn")
     inner.data[b"H" + hk] = (3).to_bytes(8, "little")
-    for s in (b"T" + hk + (0).to_bytes(4, "big") + (1).to_bytes(8, "big"),):
-        inner.data[s] = (3).to_bytes(4, "little")
+    inner.data[b"T" + hk + (0).to_bytes(4, "big") + (1).to_bytes(8, "big")] = (3).to_bytes(
+        4, "little"
+    )
     template, seen = tf.filter("a.example.cn", [1])
     kv.commit()
     assert template == {1} and seen == 3
-    for page in range(30):
-        tf.filter(f"h{page}.example.cn", [page])
-        kv.commit()
+    _other_hosts(tf, kv, 30)
     assert b"H" + hk not in inner.data  # it was queued, so the bound reached it
 
 
