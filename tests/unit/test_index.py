@@ -52,6 +52,33 @@ def test_kv_roundtrip_and_prefix_delete(kv: KV) -> None:
     assert kv.get_many([b"Tb1"]) == [None]
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["put", "delete", "prefix"]),
+            st.binary(min_size=0, max_size=14).map(lambda b: b"T" + b),
+        ),
+        max_size=60,
+    )
+)
+def test_memory_kv_deletes_prefixes_like_a_plain_dict(ops: list[tuple[str, bytes]]) -> None:
+    # MemoryKV groups keys by their first 9 bytes once a prefix that long is deleted
+    kv, plain = MemoryKV(), {}
+    for op, key in ops:
+        if op == "put":
+            kv.put_many([(key, b"v")])
+            plain[key] = b"v"
+        elif op == "delete":
+            kv.delete_many([key])
+            plain.pop(key, None)
+        else:
+            kv.write([(key + b"\x00", b"w")], [key])
+            plain = {k: v for k, v in plain.items() if not k.startswith(key)}
+            plain[key + b"\x00"] = b"w"
+        assert kv.data == plain
+
+
 def test_masks_cover_all_bits_and_tables_count() -> None:
     masks = table_masks(CFG)
     assert len(masks) == 4 and all(bin(m).count("1") == 16 for m in masks)

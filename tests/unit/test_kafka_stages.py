@@ -740,9 +740,9 @@ class LoggedKV(ScanMemoryKV):
         for op, k, v in self.log[:n]:
             if op == "put":
                 assert v is not None
-                kv.data[k] = v
+                kv.put_many([(k, v)])
             else:
-                kv.data.pop(k, None)
+                kv.delete_many([k])
         return kv
 
 
