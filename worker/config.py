@@ -66,8 +66,8 @@ class EngineConfig:
     #: Template counts cover a host's last ``template_window`` to ``2 * template_window``
     #: pages; older counts are deleted, which bounds the state per host.
     template_window: int = 5000
-    #: Hosts whose template counts are kept: a host not seen while about this many others
-    #: were loses its counts (``worker.template``), which bounds the number of hosts.
+    #: Hosts whose template counts are kept (``worker.template``): a host unseen for
+    #: between half and all of this many places of the host queue loses its counts.
     template_hosts: int = 200_000
     #: Index buckets stop growing at this many entries (newer entries are not added).
     bucket_cap: int = 4096

@@ -20,15 +20,17 @@ from collections.abc import Sequence
 
 from worker.config import EngineConfig
 from worker.fingerprint import hash64
-from worker.store import KV
+from worker.store import BufferedKV
 
 _COUNT = struct.Struct("<I")
 #: A host's pages seen, then its latest place in the host queue. State written before the
 #: queue existed holds the pages alone, and such a host enters the queue when next seen.
 _HOST = struct.Struct("<QQ")
 _PAGES = struct.Struct("<Q")
-#: The host queue's front and end: places [front, end) are in the queue.
+#: The host queue's front and end: places [front, end) are in the queue. Written with
+#: every page (one small key; a changelog record a page in the worker).
 _QUEUE_ENDS = b"F"
+_ENDS = struct.Struct("<QQ")
 _QUEUE = b"Q"  # + place (8 bytes, big-endian) -> host key
 _POPS_A_PAGE = 2
 
@@ -44,10 +46,10 @@ def _host_record(raw: bytes | None) -> tuple[int, int | None]:
 
 
 class TemplateFilter:
-    def __init__(self, kv: KV, cfg: EngineConfig) -> None:
+    def __init__(self, kv: BufferedKV, cfg: EngineConfig) -> None:
         self.kv = kv
         self.cfg = cfg
-        #: Hosts whose counts were dropped by the host bound, in this process.
+        #: Hosts whose counts the host bound dropped, in this process (steps committed).
         self.hosts_evicted = 0
 
     @staticmethod
@@ -87,7 +89,7 @@ class TemplateFilter:
 
         cur_counts = [_COUNT.unpack(v)[0] if v else 0 for v in values[: len(cur)]]
         writes = [(k, _COUNT.pack(c + 1)) for k, c in zip(cur, cur_counts, strict=True)]
-        front, end = _HOST.unpack(raw_ends) if raw_ends else (0, 0)
+        front, end = _ENDS.unpack(raw_ends) if raw_ends else (0, 0)
         if place is None or place < end - self.cfg.template_hosts // 2:
             writes.append((_QUEUE + end.to_bytes(8, "big"), hk))
             place, end = end, end + 1
@@ -97,17 +99,15 @@ class TemplateFilter:
             # generation gen + 1 starts with the next page; gen - 1 leaves the window
             self.kv.delete_prefix(b"T" + hk + (gen - 1).to_bytes(4, "big"))
         front = self._pop(front, end)
-        self.kv.put_many([(_QUEUE_ENDS, _HOST.pack(front, end))])
+        self.kv.put_many([(_QUEUE_ENDS, _ENDS.pack(front, end))])
         return template, seen
 
     def _pop(self, front: int, end: int) -> int:
-        """Pops places off the front of a queue longer than ``template_hosts``, at most
-        ``_POPS_A_PAGE``; drops the counts of a host whose latest place is popped.
-        Returns the new front.
-
-        The page's own host is never dropped: its place is at least ``end -
-        template_hosts // 2``, and a place is popped only while it is below ``end -
-        template_hosts``."""
+        """Pops up to ``_POPS_A_PAGE`` places off the front of a queue longer than
+        ``template_hosts``, dropping the counts of a host whose latest place is popped
+        (never the page's own host: its place is at least ``end - template_hosts // 2``).
+        Returns the new front."""
+        dropped = 0
         for _ in range(_POPS_A_PAGE):
             if end - front <= self.cfg.template_hosts:
                 break
@@ -118,7 +118,12 @@ class TemplateFilter:
                 if _host_record(raw_host)[1] == front:
                     self.kv.delete_prefix(b"T" + hk)
                     self.kv.delete_many([b"H" + hk])
-                    self.hosts_evicted += 1
+                    dropped += 1
             self.kv.delete_many([key])
             front += 1
+        if dropped:
+            self.kv.on_commit(lambda: self._count_dropped(dropped))
         return front
+
+    def _count_dropped(self, n: int) -> None:
+        self.hosts_evicted += n

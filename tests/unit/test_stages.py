@@ -178,10 +178,36 @@ def test_the_number_of_hosts_is_bounded() -> None:
         tf.filter(f"h{page}.example.cn", [page * 10 + j for j in range(5)])
         kv.commit()
         kept.append(_hosts_kept(inner))
-    assert max(kept) <= 101 and kept[-1] >= 99  # bounded, and the bound is used
-    assert sum(1 for k in inner.data if k.startswith(b"Q")) <= 101
-    assert sum(1 for k in inner.data if k.startswith(b"T")) <= 101 * 5
-    assert tf.hosts_evicted >= 1899
+    assert max(kept) == kept[-1] == 100  # bounded, and the bound is used
+    assert sum(1 for k in inner.data if k.startswith(b"Q")) == 100
+    assert sum(1 for k in inner.data if k.startswith(b"T")) == 100 * 5
+    assert tf.hosts_evicted == 1900
+
+
+def test_a_lower_bound_shrinks_the_host_queue_two_places_a_page() -> None:
+    inner = MemoryKV()
+    kv = BufferedKV(inner)
+    _other_hosts(TemplateFilter(kv, CFG.with_overrides(template_hosts=100)), kv, 100)
+    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=40))
+    kept = []
+    for page in range(70):  # a host placed recently: no new place, only pops
+        tf.filter("h99.example.cn", [page])
+        kv.commit()
+        kept.append(_hosts_kept(inner))
+    assert kept[:3] == [98, 96, 94] and kept[-1] == 40
+
+
+def test_dropped_hosts_are_counted_when_their_step_is_committed() -> None:
+    kv = BufferedKV(MemoryKV())
+    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=2))
+    _other_hosts(tf, kv, 3)
+    assert tf.hosts_evicted == 1
+    tf.filter("x.example.cn", [1])  # drops a host in a step that is rolled back
+    kv.rollback()
+    assert tf.hosts_evicted == 1
+    tf.filter("x.example.cn", [1])
+    kv.commit()
+    assert tf.hosts_evicted == 2
 
 
 def test_a_host_seen_regularly_keeps_its_template_while_others_pass() -> None:
@@ -223,10 +249,8 @@ def test_a_host_counted_before_the_bound_existed_joins_the_queue() -> None:
     kv = BufferedKV(inner)
     tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=10, template_min_df=3))
     hk = TemplateFilter._host_key("a.example.cn")
-    inner.data[b"H" + hk] = (3).to_bytes(8, "little")
-    inner.data[b"T" + hk + (0).to_bytes(4, "big") + (1).to_bytes(8, "big")] = (3).to_bytes(
-        4, "little"
-    )
+    count_key = b"T" + hk + (0).to_bytes(4, "big") + (1).to_bytes(8, "big")
+    inner.put_many([(b"H" + hk, (3).to_bytes(8, "little")), (count_key, (3).to_bytes(4, "little"))])
     template, seen = tf.filter("a.example.cn", [1])
     kv.commit()
     assert template == {1} and seen == 3
