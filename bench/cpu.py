@@ -9,7 +9,8 @@ included, as ms a page and pages per CPU-second. On a shared machine wall time s
 with the other processes' load and CPU time much less; with ``--against`` the two
 checkouts run alternately, round after round, so both see the same load, and the ratio
 of their medians is printed. The decisions of the two must be the same, byte for byte
-(``decided_at`` aside): the script says so or fails.
+(``decided_at`` and the engine's parameters aside, which it prints where they differ):
+the script says so or fails.
 """
 
 from __future__ import annotations
@@ -50,13 +51,17 @@ def run(checkout: Path, pages: Path, out: Path) -> tuple[float, float, int]:
     return cpu, wall, int(first.split()[0])
 
 
-def decisions(path: Path) -> list[str]:
-    out = []
+def decisions(path: Path) -> tuple[list[str], set[str]]:
+    """The decisions without ``decided_at`` and ``engine``, and the engine's parameters
+    (a parameter added or changed between two checkouts is told apart from a decision
+    that changed)."""
+    out, params = [], set()
     for line in path.read_text(encoding="utf-8").splitlines():
         d = json.loads(line)
         d.pop("decided_at", None)
+        params.update(str(d.pop("engine", {}).get("params", "")).split(";"))
         out.append(json.dumps(d, ensure_ascii=False, sort_keys=True))
-    return out
+    return out, params
 
 
 def main() -> None:
@@ -78,9 +83,12 @@ def main() -> None:
                 wall[arm].append(w)
                 print(f"  round {r + 1} {arm:8s} CPU {c:6.2f} s = {1000 * c / n:5.2f} ms/page, "
                       f"wall {w:6.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
-        same = len(arms) == 1 or decisions(Path(tmp) / "this.jsonl") == decisions(
-            Path(tmp) / "against.jsonl"
-        )
+        same, params = True, (set[str](), set[str]())
+        if len(arms) > 1:
+            (mine, my_params), (theirs, their_params) = (
+                decisions(Path(tmp) / f"{arm}.jsonl") for arm in arms
+            )
+            same, params = mine == theirs, (my_params - their_params, their_params - my_params)
     print(f"\nneardup dedup, {n} pages, {args.rounds} rounds, {os.cpu_count()} CPUs (medians):")
     for arm in arms:
         c = statistics.median(cpu[arm])
@@ -91,6 +99,9 @@ def main() -> None:
         ratio = statistics.median(cpu["this"]) / statistics.median(cpu["against"])
         print(f"  CPU this / against: {ratio:.3f}")
         print(f"  identical decisions: {same}")
+        if any(params):
+            print(f"  engine parameters only in this: {sorted(params[0])}; "
+                  f"only in against: {sorted(params[1])}")  # fmt: skip
         if not same:
             raise SystemExit("the two checkouts decide differently")
 
