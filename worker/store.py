@@ -48,27 +48,30 @@ class KV(Protocol):
 class MemoryKV:
     """A dict. For tests and for short runs without ``--state``.
 
-    From the first delete of a prefix at least ``GROUP`` bytes long (a kind and an 8-byte
-    id: the template counts of one host), keys are also grouped by their first ``GROUP``
-    bytes, so that such a delete looks at its group only. The template filter's host bound
-    deletes a host's counts on nearly every page once it is reached, and a scan of every
-    key then took 7 ms a page at 1,000 hosts. Until then writes cost what a dict's do."""
+    Once a prefix at least ``GROUP`` bytes long is deleted (a kind and an 8-byte id: the
+    template counts of one host), the keys of that kind (first byte) are also grouped by
+    their first ``GROUP`` bytes, so that such a delete looks at its group only. The
+    template filter's host bound deletes a host's counts on nearly every page once it is
+    reached, and a scan of every key then took 7 ms a page at 1,000 hosts. Keys of other
+    kinds cost what a dict's do."""
 
     GROUP = 9
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes] = {}
-        self._groups: dict[bytes, set[bytes]] | None = None
+        #: Kinds (first bytes) grouped, and their keys by their first GROUP bytes.
+        self._kinds: set[int] = set()
+        self._groups: dict[bytes, set[bytes]] = {}
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         get = self.data.get
         return [get(k) for k in keys]
 
     def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
-        if self._groups is None:
-            self.data.update(items)
-        else:
+        if self._kinds:
             self._apply(list(items))
+        else:
+            self.data.update(items)
 
     def delete_many(self, keys: Iterable[bytes]) -> None:
         self._apply([(k, None) for k in keys])
@@ -86,32 +89,36 @@ class MemoryKV:
         self._apply(records)
 
     def _under(self, prefix: bytes) -> list[bytes]:
-        if len(prefix) < self.GROUP:
+        n = self.GROUP
+        if len(prefix) < n:
             return [k for k in self.data if k.startswith(prefix)]
-        if self._groups is None:
-            self._groups = {}
+        if prefix[0] not in self._kinds:
+            self._kinds.add(prefix[0])
             for k in self.data:
-                self._groups.setdefault(k[: self.GROUP], set()).add(k)
-        return [k for k in self._groups.get(prefix[: self.GROUP], ()) if k.startswith(prefix)]
+                if k[:1] == prefix[:1]:
+                    self._groups.setdefault(k[:n], set()).add(k)
+        return [k for k in self._groups.get(prefix[:n], ()) if k.startswith(prefix)]
 
     def _apply(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
-        data, groups, n = self.data, self._groups, self.GROUP
-        if groups is None:
+        data, kinds = self.data, self._kinds
+        if not kinds:
             for k, v in records:
                 if v is None:
                     data.pop(k, None)
                 else:
                     data[k] = v
             return
+        groups, n = self._groups, self.GROUP
         for k, v in records:
+            grouped = bool(k) and k[0] in kinds
             if v is None:
-                if data.pop(k, None) is not None:
+                if data.pop(k, None) is not None and grouped:
                     group = groups[k[:n]]
                     group.discard(k)
                     if not group:
                         del groups[k[:n]]
             else:
-                if k not in data:
+                if grouped and k not in data:
                     groups.setdefault(k[:n], set()).add(k)
                 data[k] = v
 
@@ -262,7 +269,8 @@ class BufferedKV:
         self._on_commit: list[Callable[[], None]] = []
 
     def on_commit(self, fn: Callable[[], None]) -> None:
-        """Call ``fn`` once this step's writes are written; never if it is rolled back."""
+        """Call ``fn`` once this step's writes are written; never if it is rolled back.
+        ``fn`` must not raise: the step is written by then."""
         self._on_commit.append(fn)
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:

@@ -52,18 +52,13 @@ def test_kv_roundtrip_and_prefix_delete(kv: KV) -> None:
     assert kv.get_many([b"Tb1"]) == [None]
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from(["put", "delete", "prefix"]),
-            st.binary(min_size=0, max_size=14).map(lambda b: b"T" + b),
-        ),
-        max_size=60,
-    )
-)
-def test_memory_kv_deletes_prefixes_like_a_plain_dict(ops: list[tuple[str, bytes]]) -> None:
-    # MemoryKV groups keys by their first 9 bytes once a prefix that long is deleted
+_KEYS = st.binary(max_size=13).map(lambda b: bytes(b"abT"[x % 3] for x in b))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put", "delete", "prefix", "write"]), _KEYS)))
+def test_memory_kv_is_a_dict_before_and_after_it_groups_keys(ops: list[tuple[str, bytes]]) -> None:
+    # MemoryKV groups the keys of a kind once a prefix of 9 bytes or more of it is deleted
     kv, plain = MemoryKV(), {}
     for op, key in ops:
         if op == "put":
@@ -72,11 +67,18 @@ def test_memory_kv_deletes_prefixes_like_a_plain_dict(ops: list[tuple[str, bytes
         elif op == "delete":
             kv.delete_many([key])
             plain.pop(key, None)
-        else:
-            kv.write([(key + b"\x00", b"w")], [key])
+        elif op == "prefix":
+            kv.delete_prefix(key)
             plain = {k: v for k, v in plain.items() if not k.startswith(key)}
-            plain[key + b"\x00"] = b"w"
+        else:  # a step: the prefix goes first, then a put under it and a delete
+            kv.write([(key + b"a", b"w"), (key[:-1], None)], [key])
+            plain = {k: v for k, v in plain.items() if not k.startswith(key)}
+            plain[key + b"a"] = b"w"
+            plain.pop(key[:-1], None)
         assert kv.data == plain
+        assert kv.get_many(list(plain)) == list(plain.values())
+        grouped = {k for k in plain if k and k[0] in kv._kinds}
+        assert set().union(*kv._groups.values()) == grouped
 
 
 def test_masks_cover_all_bits_and_tables_count() -> None:

@@ -314,7 +314,8 @@ def test_journal_writes_the_page_record_last_and_redoes_a_cut_page() -> None:
             super().write(records)
 
     recording = Recording()
-    recording.data = inner.data
+    recording.put_many(inner.data.items())
+    inner = recording
     kv.inner = recording
     kv.apply(7)
     # one batch: the journal first, the prefix as the keys under it, the record last
