@@ -9,6 +9,7 @@ values never appear in ``repr``, logs or metrics.
 from __future__ import annotations
 
 import difflib
+import ssl
 from collections.abc import Mapping
 from typing import Literal
 
@@ -158,6 +159,18 @@ class Settings(BaseSettings):
         if protocol.startswith("SASL_") and not text:
             variable = f"NEARDUP_{info.field_name or ''}".upper()
             raise ValueError(f"NEARDUP_SECURITY_PROTOCOL={protocol} needs {variable}")
+        return value
+
+    @field_validator("ssl_cafile")
+    @classmethod
+    def _ca_bundle(cls, value: str | None) -> str | None:
+        # read once here, so that a missing or unreadable bundle is a settings error at
+        # start rather than a traceback when the first client connects
+        if value:
+            try:
+                ssl.create_default_context(purpose=ssl.Purpose.SERVER_AUTH, cafile=value)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"cannot read a CA bundle: {exc}") from exc
         return value
 
     def engine_config(self) -> EngineConfig:

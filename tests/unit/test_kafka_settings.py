@@ -498,3 +498,16 @@ def test_every_variable_the_deployments_set_is_a_setting() -> None:
     names = set(re.findall(r"\bNEARDUP_[A-Z0-9_]+\b", text))
     assert len(names) > 20
     assert unknown_variables(dict.fromkeys(names, "x")) == []
+
+
+@pytest.mark.parametrize("content", [None, b"not a certificate\n"])
+def test_a_ca_bundle_that_cannot_be_read_is_a_settings_error(
+    tmp_path: Path, content: bytes | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = tmp_path / "ca.pem"
+    if content is not None:
+        bundle.write_bytes(content)
+    monkeypatch.setenv("NEARDUP_SECURITY_PROTOCOL", "SSL")
+    monkeypatch.setenv("NEARDUP_SSL_CAFILE", str(bundle))
+    with pytest.raises(ValueError, match="cannot read a CA bundle"):
+        Settings()
