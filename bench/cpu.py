@@ -59,7 +59,9 @@ def decisions(path: Path) -> tuple[list[str], set[str]]:
     for line in path.read_text(encoding="utf-8").splitlines():
         d = json.loads(line)
         d.pop("decided_at", None)
-        params.update(str(d.pop("engine", {}).get("params", "")).split(";"))
+        engine = d.pop("engine", None)
+        if engine:
+            params.update(str(engine.get("params", "")).split(";"))
         out.append(json.dumps(d, ensure_ascii=False, sort_keys=True))
     return out, params
 
