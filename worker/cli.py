@@ -299,9 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Decode and extract each page; write {page_id, url, title, text} lines. "
         "Each page is extracted in the sandbox, under the engine's time and memory limits "
         "(extract_timeout_s, extract_max_mb).",
-        epilog=exits.replace("decided", "extracted")
-        .replace(" such as state made with other parameters", "")
-        .replace(", and --state can be continued from", ""),
+        epilog="Exit status: 0 all pages extracted; 3 some pages rejected (see --rejects); "
+        "1 a fatal error; 2 a usage error; 130 interrupted (the lines written are whole).",
     )
     e.add_argument("pages", nargs="+", metavar="PAGES", help=pages_help)
     e.add_argument("--out", required=True, help="output JSONL ('-' for standard output)")

@@ -22,7 +22,12 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 
 from worker.contract import max_line_bytes
-from worker.kafka.security import describe, install_log_redaction, why_failed
+from worker.kafka.security import (
+    aiokafka_kwargs,
+    describe,
+    install_log_redaction,
+    why_failed,
+)
 from worker.settings import Settings, read_settings
 from worker.sources import STREAM_ERRORS, UTF8_BOM, open_input
 
@@ -182,8 +187,6 @@ def producer_kwargs(settings: Settings, *, max_request_size: int) -> dict[str, A
     """Keyword arguments for ``AIOKafkaProducer``: idempotent, acks=all, security from
     ``settings`` as every client of the worker has it. The result holds the SASL password
     in clear: never log it."""
-    from worker.kafka.security import aiokafka_kwargs
-
     return {
         "bootstrap_servers": settings.brokers,
         "client_id": f"{settings.app_id}-producer",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import ssl
+import sys
 from collections.abc import Mapping
 from typing import Literal
 
@@ -207,8 +208,6 @@ def settings_problem(exc: ValidationError | SettingsError) -> str:
 def read_settings(command: str, **overrides: object) -> Settings | None:
     """The settings from the environment (and ``overrides``), or None after saying on
     standard error, as ``command``, what is wrong with them (``settings_problem``)."""
-    import sys
-
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except (ValidationError, SettingsError) as exc:

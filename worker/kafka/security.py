@@ -152,8 +152,6 @@ def why_failed(settings: Settings, exc: BaseException) -> str:
     """What to say of a Kafka client that failed with ``exc`` (outside an event loop): the
     exception, or, for aiokafka's cause-less KafkaConnectionError, ``connection_problem``."""
     if type(exc).__name__ == "KafkaConnectionError":  # aiokafka names no cause: find it
-        import asyncio
-
         return asyncio.run(connection_problem(settings))
     return f"{type(exc).__name__}: {exc}"
 
