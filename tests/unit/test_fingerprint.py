@@ -22,6 +22,7 @@ from worker.fingerprint import (
     piece_chars_from_owners,
     piece_features,
     piece_owners,
+    resemblance,
     simhash_weighted,
 )
 from worker.normalise import normalise
@@ -337,3 +338,26 @@ def test_piece_lengths_give_each_5_gram_the_piece_it_starts_in(text: str) -> Non
     assert (
         piece_owners(piece_chars_from_owners(old, len(strings)), len(hashes)).tolist() == expected
     )
+
+
+_SKETCH = st.lists(st.integers(0, 2**32 - 1), max_size=40, unique=True)
+
+
+def _sketch(hashes: list[int]) -> bytes:
+    return np.array(sorted(hashes), dtype="<u4").tobytes()
+
+
+@given(_SKETCH, _SKETCH, st.integers(1, 48), st.integers(0, 500), st.integers(0, 500))
+def test_resemblance_matches_its_definition(
+    a: list[int], b: list[int], k: int, n_a: int, n_b: int
+) -> None:
+    # Broder's estimate: of the k smallest hashes of the union, the share in both sketches
+    jac, cont = resemblance(_sketch(a), n_a, _sketch(b), n_b, k)
+    if not a or not b:
+        assert (jac, cont) == (0.0, 0.0)
+        return
+    smallest = sorted(set(a) | set(b))[:k]
+    want = sum(x in set(a) and x in set(b) for x in smallest) / len(smallest)
+    assert jac == want
+    inter = want * (n_a + n_b) / (1.0 + want)
+    assert cont == min(1.0, inter / max(1, min(n_a, n_b)))
