@@ -4,9 +4,10 @@ when a page joins clusters, the younger clusters are merged into the oldest."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import orjson
 
 from worker.store import KV
 
@@ -36,7 +37,7 @@ class Clusters:
 
     def page(self, pid: int) -> dict[str, object] | None:
         (raw,) = self.kv.get_many([b"M" + _pid_bytes(pid)])
-        return None if raw is None else dict(json.loads(raw))
+        return None if raw is None else dict(orjson.loads(raw))
 
     def _key(self, pid: int) -> PageKey:
         rec = self.page(pid)
@@ -59,7 +60,8 @@ class Clusters:
         return cur
 
     def join(self, page: PageKey, matched: Iterable[int]) -> tuple[PageKey, list[PageKey]]:
-        """Add ``page`` (whose record is already stored) with edges to ``matched`` pages.
+        """Add ``page`` with edges to ``matched`` pages (other pages, whose records are
+        stored; ``page``'s own record is not read).
 
         Returns the root of the resulting cluster and the roots merged into it, oldest
         first, not counting ``page`` itself.

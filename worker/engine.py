@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
+
 from worker import __version__
 from worker.cluster import Clusters, PageKey
 from worker.config import EngineConfig
@@ -369,7 +371,6 @@ class Engine:
         with self.stats.timed("cluster"):
             page_id = a.page.page_id
             record: dict[str, Any] = {"page_id": page_id, "url": a.page.url, "order": a.order}
-            self._put_record(a.pid, record)
             me = PageKey(a.pid, a.order, page_id)
             root, merged = self.clusters.join(me, [m.pid for m in found_matches])
             best = found_matches[0] if found_matches else None
@@ -451,11 +452,7 @@ class Engine:
             self._put_record(pid, rec)
 
     def _put_record(self, pid: int, record: dict[str, Any]) -> None:
-        import json
-
-        self.kv.put_many(
-            [(b"M" + pid.to_bytes(8, "big"), json.dumps(record, ensure_ascii=False).encode())]
-        )
+        self.kv.put_many([(b"M" + pid.to_bytes(8, "big"), orjson.dumps(record))])
 
     def process(self, page: RawPage | Rejected) -> Outcome | Rejected:
         """One page to one outcome. Never raises: a failure becomes ``Rejected(internal)``."""
