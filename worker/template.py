@@ -27,8 +27,8 @@ _COUNT = struct.Struct("<I")
 #: queue existed holds the pages alone, and such a host enters the queue when next seen.
 _HOST = struct.Struct("<QQ")
 _PAGES = struct.Struct("<Q")
-#: The host queue's front and end: places [front, end) are in the queue. Written with
-#: every page (one small key; a changelog record a page in the worker).
+#: The host queue's front and end: places [front, end) are in the queue. Written when
+#: either moves: a page of a host new to the queue, or one that pops places.
 _QUEUE_ENDS = b"F"
 _ENDS = struct.Struct("<QQ")
 _QUEUE = b"Q"  # + place (8 bytes, big-endian) -> host key
@@ -89,7 +89,7 @@ class TemplateFilter:
 
         cur_counts = [_COUNT.unpack(v)[0] if v else 0 for v in values[: len(cur)]]
         writes = [(k, _COUNT.pack(c + 1)) for k, c in zip(cur, cur_counts, strict=True)]
-        front, end = _ENDS.unpack(raw_ends) if raw_ends else (0, 0)
+        ends = front, end = _ENDS.unpack(raw_ends) if raw_ends else (0, 0)
         if place is None or place < end - self.cfg.template_hosts // 2:
             writes.append((_QUEUE + end.to_bytes(8, "big"), hk))
             place, end = end, end + 1
@@ -99,7 +99,8 @@ class TemplateFilter:
             # generation gen + 1 starts with the next page; gen - 1 leaves the window
             self.kv.delete_prefix(b"T" + hk + (gen - 1).to_bytes(4, "big"))
         front = self._pop(front, end)
-        self.kv.put_many([(_QUEUE_ENDS, _ENDS.pack(front, end))])
+        if (front, end) != ends:
+            self.kv.put_many([(_QUEUE_ENDS, _ENDS.pack(front, end))])
         return template, seen
 
     def _pop(self, front: int, end: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -222,6 +223,36 @@ def test_a_host_seen_regularly_keeps_its_template_while_others_pass() -> None:
             tf.filter(f"h{page}.example.cn", [page])
         kv.commit()
     assert hits[5:] and all(hits[5:]) and not any(hits[:5])
+
+
+def test_a_page_of_a_queued_host_leaves_the_queue_ends_alone() -> None:
+    # in the worker each write of the state is a changelog record: the queue's ends are
+    # written only when a page moves them
+    inner = MemoryKV()
+    kv = BufferedKV(inner)
+    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=10))
+    writes: list[bytes] = []
+    write = inner.write
+
+    def recording(
+        records: Sequence[tuple[bytes, bytes | None]], prefixes: Sequence[bytes] = ()
+    ) -> None:
+        writes.extend(k for k, _ in records)
+        write(records, prefixes)
+
+    inner.write = recording  # type: ignore[method-assign]
+    tf.filter("a.example.cn", [1])
+    kv.commit()
+    assert b"F" in writes  # a new host: the queue's end moved
+    writes.clear()
+    tf.filter("a.example.cn", [2])
+    kv.commit()
+    assert writes and b"F" not in writes
+    _other_hosts(tf, kv, 10)  # the queue is full: each page pops a place
+    writes.clear()
+    tf.filter("a.example.cn", [3])  # still queued; the front moves
+    kv.commit()
+    assert b"F" in writes
 
 
 def _other_hosts(tf: TemplateFilter, kv: BufferedKV, pages: int) -> None:
