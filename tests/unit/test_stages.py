@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -248,11 +249,19 @@ def test_a_page_of_a_queued_host_leaves_the_queue_ends_alone() -> None:
     tf.filter("a.example.cn", [2])
     kv.commit()
     assert writes and b"F" not in writes
-    _other_hosts(tf, kv, 10)  # the queue is full: each page pops a place
+    # a lower bound: the page of a host placed recently pops two places off the front,
+    # and only the front moves
+    _other_hosts(tf, kv, 8)
+    (before,) = inner.get_many([b"F"])
+    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=4))
     writes.clear()
-    tf.filter("a.example.cn", [3])  # still queued; the front moves
+    tf.filter("h7.example.cn", [3])
     kv.commit()
+    (after,) = inner.get_many([b"F"])
     assert b"F" in writes
+    assert before is not None and after is not None
+    (front, end), (new_front, new_end) = struct.unpack("<QQ", before), struct.unpack("<QQ", after)
+    assert (new_front, new_end) == (front + 2, end)
 
 
 def _other_hosts(tf: TemplateFilter, kv: BufferedKV, pages: int) -> None:
