@@ -348,7 +348,7 @@ class Engine:
         rec = self.clusters.page(a.pid)
         if rec is not None:
             return self._repeated(a, rec)
-        return self.decide(self.filter_template(a))
+        return self._decide_new(self.filter_template(a))
 
     def filter_template(self, a: Analysed) -> Analysed:
         """The page without its host's template sentences; counts the page in its host's
@@ -359,10 +359,15 @@ class Engine:
         return without_template(a, template, self.cfg)
 
     def decide(self, a: Analysed) -> Outcome:
-        """Decide an analysed page; writes the index and clusters in one batch."""
+        """Decide an analysed page; writes the index and clusters in one batch. A page id
+        decided before returns its stored decision."""
         rec = self.clusters.page(a.pid)
         if rec is not None:
             return self._repeated(a, rec)
+        return self._decide_new(a)
+
+    def _decide_new(self, a: Analysed) -> Outcome:
+        """``decide`` for a page id not decided before (the caller has looked)."""
         with self.stats.timed("index"):
             found = self.index.lookup(a.fps, a.order)
             cands = {} if a.template_only else candidates(a.fps, found, self.cfg, a.pid)
