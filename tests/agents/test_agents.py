@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from faust.types import TP
 
 from tests.corpus import line
 from tests.gold import gold_stream
 from worker.config import EngineConfig
 from worker.contract import parse_raw, validate
-from worker.engine import Engine
+from worker.engine import Analysed, Engine, Stats
 from worker.kafka import wire
 from worker.kafka.app import Worker
-from worker.kafka.stage import backlogged, drained
+from worker.kafka.stage import analyse_messages, backlogged, drained
 from worker.records import Rejected
 from worker.settings import Settings
 from worker.store import MemoryKV
@@ -234,6 +235,196 @@ def test_a_redelivered_page_gets_its_stored_decision_and_no_other(tmp_path: Path
     decisions = rec.values("decisions")
     assert len(decisions) == 2 and decisions[0] == decisions[1]
     assert json.loads(decisions[0])["decision"] == "unique"
+
+
+def test_sequencer_messages_past_a_dropped_one_wait_for_it_to_be_read_again(
+    tmp_path: Path,
+) -> None:
+    """The sequencer takes its partition in offset order. Here the message at offset 1
+    (the first page, from raw partition 1) is dropped on the way, and the marks at
+    offset 2 come first: taken then, they would release the copy (raw partition 0, a
+    later fetch time) before the page it copies, and the copy would come out unique. The
+    marks are left instead, and when the partition is read again from offset 1 the pages
+    are decided in fetch-time order, as with no drop."""
+    worker, rec = _worker(tmp_path, partitions=2)
+    msgs, labels = gold_stream()
+    first = msgs[0]
+    copy = next(
+        m
+        for m, lab in zip(msgs, labels, strict=True)
+        if lab["story"] == labels[0]["story"] and lab["kind"] == "copy"
+    )
+    cfg = EngineConfig()
+    (a_first,) = analyse_messages([line(first).encode()], cfg, Stats())
+    (a_copy,) = analyse_messages([line(copy).encode()], cfg, Stats())
+    assert isinstance(a_first, Analysed) and isinstance(a_copy, Analysed)
+    assert a_first.order < a_copy.order
+    messages = [
+        wire.encode(wire.PageMsg(0, 0, 2, a_copy)),
+        wire.encode(wire.PageMsg(1, 0, 2, a_first)),
+        wire.encode(wire.MarksMsg(2, (wire.Mark(0, 1), wire.Mark(1, 1)))),
+    ]
+
+    async def go() -> None:
+        async with worker.sequence_agent.test_context() as agent:
+            await agent.put(value=messages[0], partition=0)
+            agent.sent_offset = 2  # offset 1 dropped
+            await agent.put(value=messages[2], partition=0)
+            await until(
+                lambda: worker.out_of_order == 1 or bool(rec.values("decisions")),
+                "the marks left or taken",
+            )
+            assert rec.values("decisions") == []  # the marks were not taken
+            agent.sent_offset = 1  # read again from the hole
+            await agent.put(value=messages[1], partition=0)
+            await agent.put(value=messages[2], partition=0)
+            await until(lambda: len(rec.values("decisions")) == 2, "both decisions")
+
+    run(go)
+    decided = [json.loads(v) for v in rec.values("decisions")]
+    assert [d["page_id"] for d in decided] == [a_first.page.page_id, a_copy.page.page_id]
+    assert decided[0]["decision"] == "unique"
+    assert decided[1]["decision"] == "duplicate"
+    assert decided[1]["duplicate_of"] == a_first.page.page_id
+    assert worker.seq_next == {TP(worker.names.sequence, 0): 3}
+
+
+def _marks2() -> bytes:
+    return wire.encode(wire.MarksMsg(2, (wire.Mark(0, 1), wire.Mark(1, 1))))
+
+
+def _one_page(tmp_path: Path) -> tuple[Worker, Recorder, TP, bytes, bytes]:
+    """A worker with one raw partition; the sequencer's partition; a page from the raw
+    partition, and marks that drain it."""
+    worker, rec = _worker(tmp_path, partitions=1)
+    (a,) = analyse_messages([line(gold_stream()[0][0]).encode()], EngineConfig(), Stats())
+    assert isinstance(a, Analysed)
+    page = wire.encode(wire.PageMsg(0, 0, 1, a))
+    marks = wire.encode(wire.MarksMsg(1, (wire.Mark(0, 1),)))
+    return worker, rec, TP(worker.names.sequence, 0), page, marks
+
+
+def _sequence_one_at(worker: Worker, offset: int) -> None:
+    """Marks at ``offset`` of the sequencer topic, the only message; until taken or left."""
+    tp = TP(worker.names.sequence, 0)
+
+    async def go() -> None:
+        async with worker.sequence_agent.test_context() as agent:
+            agent.sent_offset = offset
+            await agent.put(value=_marks2(), partition=0)
+            await until(lambda: worker.out_of_order == 1 or tp in worker.seq_next, "left or taken")
+
+    run(go)
+
+
+def test_the_first_sequencer_message_after_an_assignment_is_checked_against_the_commit(
+    tmp_path: Path,
+) -> None:
+    """The CI fault's path: just assigned, the partition committed at 2, and the message
+    at 3 comes first: it is left, to be read again from 2."""
+    worker, _ = _worker(tmp_path, partitions=2)
+    tp = TP(worker.names.sequence, 0)
+    worker.app.consumer._committed_offset[tp] = 2
+    _sequence_one_at(worker, 3)
+    assert worker.out_of_order == 1 and worker.seq_next == {} and worker.ahead == {tp: 3}
+
+
+def test_offsets_known_to_hold_no_message_are_passed_over(tmp_path: Path) -> None:
+    """Offsets 2 to 4 known absent (retention): the message at 5 comes next. (Left, it
+    would be left again at every reading from 2: the partition would stall.)"""
+    worker, _ = _worker(tmp_path, partitions=2)
+    tp = TP(worker.names.sequence, 0)
+    worker.app.consumer._committed_offset[tp] = 2
+    worker.app.consumer._gap[tp].addi(2, 5)
+    _sequence_one_at(worker, 5)
+    assert worker.seq_next == {tp: 6} and worker.out_of_order == 0
+
+
+def test_a_copy_of_a_sequencer_message_taken_already_is_not_taken_again(tmp_path: Path) -> None:
+    worker, rec, tp, page, marks = _one_page(tmp_path)
+
+    async def go() -> None:
+        async with worker.sequence_agent.test_context() as agent:
+            await agent.put(value=page, partition=0)  # 0
+            await agent.put(value=marks, partition=0)  # 1
+            await until(lambda: len(rec.values("decisions")) == 1, "decided")
+            agent.sent_offset = 0  # read again from 0
+            await agent.put(value=page, partition=0)
+            await agent.put(value=marks, partition=0)
+            await agent.put(value=marks, partition=0)  # 2: the next one
+            await until(lambda: worker.seq_next.get(tp) == 3, "2 taken")
+
+    run(go)
+    assert len(rec.values("decisions")) == 1  # taken again, it would be sent again
+
+
+def test_a_new_hole_after_one_filled_is_logged_and_read_again_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hole at 1, filled by a reading this worker did not ask for; then a hole at 4:
+    ``ahead`` is cleared when the first is filled and names the second (for
+    ``unstick``), and both are logged."""
+    worker, _ = _worker(tmp_path, partitions=2)
+    tp = TP(worker.names.sequence, 0)
+
+    async def go() -> None:
+        async with worker.sequence_agent.test_context() as agent:
+            await agent.put(value=_marks2(), partition=0)  # 0
+            agent.sent_offset = 2
+            await agent.put(value=_marks2(), partition=0)  # 2: left
+            await until(lambda: worker.out_of_order == 1, "left")
+            agent.sent_offset = 1
+            for _ in range(3):  # 1, 2, 3
+                await agent.put(value=_marks2(), partition=0)
+            await until(lambda: worker.seq_next.get(tp) == 4, "taken through 3")
+            assert worker.ahead == {}  # the hole is filled
+            agent.sent_offset = 5  # 4 dropped
+            await agent.put(value=_marks2(), partition=0)  # 5: left
+            await until(lambda: worker.out_of_order == 2, "left again")
+
+    with caplog.at_level(logging.WARNING, logger="worker.kafka"):
+        run(go)
+    assert worker.ahead == {tp: 5}
+    assert len([r for r in caplog.records if "came before" in r.getMessage()]) == 2
+
+
+def test_with_no_commit_yet_a_message_below_the_first_taken_is_taken_late(
+    tmp_path: Path,
+) -> None:
+    """No committed offset (or 0, which Faust keeps as none): where reading began is not
+    known, so the message at 3 after the one at 5 is taken late, not passed over as a
+    copy, and the order goes on from 6."""
+    worker, rec, tp, page, marks = _one_page(tmp_path)
+
+    async def go() -> None:
+        async with worker.sequence_agent.test_context() as agent:
+            agent.sent_offset = 5
+            await agent.put(value=marks, partition=0)  # 5: taken first
+            await until(lambda: tp in worker.seq_next, "taken")
+            agent.sent_offset = 3
+            await agent.put(value=page, partition=0)  # 3: taken late
+            agent.sent_offset = 6
+            await agent.put(value=marks, partition=0)
+            await until(lambda: worker.seq_next.get(tp) == 7, "6 taken")
+            await until(lambda: len(rec.values("decisions")) == 1, "the page decided")
+
+    run(go)
+    assert worker.out_of_order == 0
+
+
+def test_a_rebalance_forgets_where_the_sequencer_was(tmp_path: Path) -> None:
+    """After a revoke or an assignment the next offset is the committed one again (the
+    stage was unloaded: what it took is taken again)."""
+    worker, _ = _worker(tmp_path, partitions=2)
+    tp = TP(worker.names.sequence, 0)
+
+    async def go() -> None:
+        for signal in (worker._on_assigned, worker._on_revoked):
+            worker.seq_next[tp], worker.seq_start[tp], worker.ahead[tp] = 7, 3, 9
+            await signal(None)
+            assert worker.seq_next == worker.seq_start == worker.ahead == {}
+
+    run(go)
 
 
 def test_an_undecodable_sequencer_message_is_logged_and_skipped(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
+from types import SimpleNamespace
 from typing import Any
 
 from intervaltree import IntervalTree
@@ -65,38 +66,45 @@ def test_with_no_commit_yet_a_message_still_in_hand_below_the_acknowledged_holds
     assert _new_offset(c) == 6
 
 
+class _Held:
+    """A message as a stream holds it: one reference of its own."""
+
+    tp, generation_id = ("raw", 0), 1
+
+    def __init__(self, offset: int = 0) -> None:
+        self.offset, self.refcount = offset, 1
+
+    def incref(self) -> None:
+        self.refcount += 1
+
+
+class _HeldEvent:
+    def __init__(self, offset: int = 0) -> None:
+        self.message = _Held(offset)
+
+
+class _HeldConsumer:
+    def __init__(self, events: list[_HeldEvent]) -> None:
+        self._unacked_messages = {e.message for e in events}
+
+    def assignment(self) -> set[tuple[str, int]]:
+        return {("raw", 0)}
+
+
+class _HeldStream:
+    """What ``acked_when_done`` uses of a stream: its app's consumer, and ``ack``."""
+
+    def __init__(self, events: list[_HeldEvent]) -> None:
+        self.app = SimpleNamespace(consumer=_HeldConsumer(events), consumer_generation_id=1)
+
+    async def ack(self, event: _HeldEvent) -> None:
+        event.message.refcount -= 1
+
+
 def test_a_batch_cancelled_halfway_stays_unacknowledged() -> None:
     """take_events acknowledges its batch in a ``finally`` even when the handler was
     cancelled; the extra reference keeps those messages from being committed."""
-    import asyncio
-
     from worker.kafka.faustfix import acked_when_done
-
-    class Message:
-        tp, generation_id = ("raw", 0), 1
-
-        def __init__(self) -> None:
-            self.refcount = 1  # the stream's own reference
-
-        def incref(self) -> None:
-            self.refcount += 1
-
-    class Event:
-        def __init__(self) -> None:
-            self.message = Message()
-
-    class Consumer:
-        def assignment(self) -> set[tuple[str, int]]:
-            return {("raw", 0)}
-
-    class App:
-        consumer, consumer_generation_id = Consumer(), 1
-
-    class Stream:
-        app = App()
-
-        async def ack(self, event: Event) -> None:
-            event.message.refcount -= 1
 
     async def handled(events: list[Any]) -> None:
         await asyncio.sleep(0)
@@ -104,19 +112,19 @@ def test_a_batch_cancelled_halfway_stays_unacknowledged() -> None:
     async def cancelled(events: list[Any]) -> None:
         raise asyncio.CancelledError
 
-    async def go() -> tuple[list[int], list[int]]:
-        stream = Stream()
-        done, stopped = [Event(), Event()], [Event(), Event()]
+    done, stopped = [_HeldEvent(), _HeldEvent()], [_HeldEvent(), _HeldEvent()]
+
+    async def go() -> None:
+        stream = _HeldStream(done + stopped)
         await acked_when_done(stream, done, handled)
         with contextlib.suppress(asyncio.CancelledError):
             await acked_when_done(stream, stopped, cancelled)
         for event in done + stopped:  # what take_events' ``finally`` then does
             await stream.ack(event)
-        return [e.message.refcount for e in done], [e.message.refcount for e in stopped]
 
-    done, stopped = asyncio.run(go())
-    assert done == [0, 0]  # handled: acknowledged, committable
-    assert stopped == [1, 1]  # cancelled: still referenced, never committed
+    asyncio.run(go())
+    assert [e.message.refcount for e in done] == [0, 0]  # acknowledged, committable
+    assert [e.message.refcount for e in stopped] == [1, 1]  # still referenced, not committed
 
 
 # -- the other fixes of worker.kafka.faustfix ---------------------------------------------
@@ -253,6 +261,11 @@ def test_a_partition_held_back_by_a_message_no_stream_took_is_found() -> None:
     del state._neardup_committing  # type: ignore[attr-defined]
     found = stuck_partitions(state, lambda topic: topic != "h")
     assert e not in found
+    # the sequencer left a later message, or the one at the committed offset itself, to
+    # be read again in order: as a later one acknowledged, even with the topic busy; one
+    # left below the committed offset (taken since) says nothing
+    found = stuck_partitions(state, lambda topic: False, {f: 61, g: 70, e: 49, b: 21, j: 100})
+    assert found == {a: (10, AFTER), f: (60, AFTER), g: (70, AFTER)}  # b in hand, j paused
 
 
 def test_a_page_says_below_which_offset_every_message_was_handled() -> None:
@@ -281,3 +294,68 @@ def test_runs_missing_are_the_offsets_with_no_message_up_to_the_stop() -> None:
     assert runs_missing([], 5, 7) == [(5, 7)]  # markers only
     assert runs_missing([5, 6, 9], 5, 7) == []  # past the stop: not asked
     assert runs_missing([7], 5, 8) == [(5, 7)]
+
+
+# -- the sequencer's partition in offset order (worker.kafka.inorder) ----------------------
+
+
+def test_the_sequencer_takes_the_next_offset_only() -> None:
+    from worker.kafka.inorder import Order, in_order
+
+    def none_absent(begin: int, end: int) -> bool:
+        return False
+
+    assert in_order(None, 7, none_absent) is Order.TAKE  # nothing to start from
+    assert in_order(7, 7, none_absent) is Order.TAKE
+    assert in_order(7, 6, none_absent) is Order.AGAIN  # a copy of one taken
+    assert in_order(7, 9, none_absent) is Order.AHEAD  # 7 and 8 not seen yet
+    asked: list[tuple[int, int]] = []
+
+    def absent(begin: int, end: int) -> bool:
+        asked.append((begin, end))
+        return True
+
+    assert in_order(7, 9, absent) is Order.TAKE and asked == [(7, 9)]
+
+
+def test_commits_pass_over_offsets_committed_or_known_absent_only() -> None:
+    from worker.kafka.faustfix import passed_over
+
+    class Consumer:
+        def __init__(self, committed: int | None) -> None:
+            self._committed_offset = {"tp": committed}
+            self._gap: dict[str, IntervalTree] = defaultdict(IntervalTree)
+
+    c = Consumer(5)
+    assert passed_over(c, "tp", 2, 5)  # below the committed offset
+    assert not passed_over(c, "tp", 2, 6)
+    c._gap["tp"].addi(5, 7)
+    c._gap["tp"].addi(7, 8)  # touching runs, not merged
+    assert passed_over(c, "tp", 3, 8)
+    assert not passed_over(c, "tp", 3, 9)
+    c._gap["tp"].addi(10, 12)
+    assert not passed_over(c, "tp", 5, 12)  # 8 and 9 may hold messages
+    c.__dict__["_neardup_committing"] = {"tp": 10}  # a commit under way: gaps forgotten
+    assert passed_over(c, "tp", 8, 12) and not passed_over(c, "tp", 8, 13)
+    fresh = Consumer(None)
+    assert not passed_over(fresh, "tp", 0, 1)
+    assert passed_over(fresh, "tp", 4, 4)
+
+
+def test_messages_left_to_be_read_again_are_neither_acknowledged_nor_waited_for() -> None:
+    from worker.kafka.faustfix import acked_when_done
+
+    events = [_HeldEvent(3), _HeldEvent(5), _HeldEvent(6)]
+    stream = _HeldStream(events)
+
+    async def left_past_hole(batch: list[Any]) -> list[Any]:
+        return batch[1:]
+
+    async def go() -> None:
+        await acked_when_done(stream, events, left_past_hole)
+        for event in events:  # take_events' ``finally``
+            await stream.ack(event)
+
+    asyncio.run(go())
+    assert [e.message.refcount for e in events] == [0, 1, 1]
+    assert stream.app.consumer._unacked_messages == {events[0].message}

@@ -74,6 +74,7 @@ def _worker(consumer: FakeConsumer, absent: FakeAbsent) -> Worker:
     w.app = FakeApp(consumer)  # type: ignore[assignment]
     w.stuck, w.sought, w.present, w.reread = {}, {}, {}, {}
     w.rereads = w.absent_runs = 0
+    w.ahead = {}
     w.absent = absent  # type: ignore[assignment]
     return w
 
@@ -82,7 +83,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, w: Worker, why: str, at: list[float], 
     """``unstick`` once at each time in ``at``, the partition held back for ``why``."""
     consumer: Any = w.app.consumer
 
-    def stuck(c: FakeConsumer, idle: Any) -> dict[TP, tuple[int, str]]:
+    def stuck(c: FakeConsumer, idle: Any, left: Any = None) -> dict[TP, tuple[int, str]]:
         at = c._committed_offset[tp]
         if tp not in c.tps or c._gap[tp].overlaps(at):  # (absent: the commit passes)
             return {}
@@ -134,6 +135,50 @@ def test_a_message_read_past_is_read_again_after_stuck_s_only(
     assert consumer.seeks == [(tp, 40)]
 
 
+def test_a_sequencer_message_left_past_a_hole_has_it_read_again_however_busy_the_topic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The real ``stuck_partitions``: the sequencer left the message at 43 for being past
+    the hole at 40 (``worker.kafka.inorder``), and the topic's streams are never idle.
+    After ``GAP_CHECK_S`` and one question (up to the left message only) the partition
+    is read again from 40; ``ahead`` stays until a message is taken, so a reading whose
+    copy never comes is tried again after ``STUCK_S``."""
+    tp = TP("seq")
+    consumer, absent = FakeConsumer([tp], 40, 2000), FakeAbsent([])
+    busy: Any = consumer
+    busy.unacked, busy._acked_index, busy._paused_partitions = [], {}, set()
+    busy._read_offset[tp] = 60
+    w = _worker(consumer, absent)
+    w.ahead[tp] = 43
+    monkeypatch.setattr(faustfix, "topic_idle", lambda app, topic: False)
+    for t in (0.0, GAP_CHECK_S, GAP_CHECK_S + 1, GAP_CHECK_S + STUCK_S):
+        monkeypatch.setattr(app_module.time, "monotonic", lambda t=t: t)
+        asyncio.run(w.unstick())
+    assert absent.asked == [("seq", 40, 44)]
+    assert consumer.seeks == [(tp, 40), (tp, 40)] and w.ahead == {tp: 43}
+    w.ahead = {}  # no message left: busy, and read past, it waits (READ, then idle)
+    consumer.seeks = []
+    w.reread = {}
+    for t in (100.0, 100 + GAP_CHECK_S, 100 + STUCK_S + 1):
+        monkeypatch.setattr(app_module.time, "monotonic", lambda t=t: t)
+        asyncio.run(w.unstick())
+    assert consumer.seeks == []
+
+
+def test_a_rebalance_forgets_the_holes_and_what_was_sought(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Partitions move: Faust reads them again from their committed offsets, and the
+    sequencer's open hole no longer says anything."""
+    tp = TP("seq")
+    consumer, absent = FakeConsumer([tp], 40, 45), FakeAbsent([])
+    w = _worker(consumer, absent)
+    w.ahead[tp], w.sought[tp], w.reread[tp] = 43, 40, (40, 0.0)
+    w.app.rebalancing = True
+    asyncio.run(w.unstick())
+    assert w.ahead == w.sought == w.reread == {} and absent.asked == []
+
+
 def test_offsets_the_broker_says_are_absent_are_committed_past_not_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -165,7 +210,7 @@ def test_one_question_a_tick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         faustfix,
         "stuck_partitions",
-        lambda c, idle: {tp: (40, faustfix.UNREAD) for tp in (a, b)},
+        lambda c, idle, left=None: {tp: (40, faustfix.UNREAD) for tp in (a, b)},
     )
     for t in (0.0, GAP_CHECK_S):
         monkeypatch.setattr(app_module.time, "monotonic", lambda t=t: t)

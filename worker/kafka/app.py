@@ -44,6 +44,7 @@ from worker.engine import Analysed, Stats
 from worker.kafka import dump, faustfix, freshness, rocksmem, wire
 from worker.kafka.absent import Absent
 from worker.kafka.http import serve
+from worker.kafka.inorder import Order, in_order
 from worker.kafka.metrics import Metrics
 from worker.kafka.route import ProbeCounts, RoutedStage, index_for, route_step
 from worker.kafka.security import aiokafka_kwargs, faust_credentials
@@ -324,6 +325,16 @@ class Worker:
         #: Runs of offsets the broker said hold no message (``mark_absent``).
         self.absent_runs = 0
         self.absent = Absent(settings.brokers, aiokafka_kwargs(settings))
+        #: The sequencer's partitions: the next offset to take (``worker.kafka.inorder``),
+        #: and, while a hole is open (from the first message left for being past it to
+        #: the next message taken), that message's offset: the one at the hole was
+        #: dropped (``unstick`` reads the partition again from it).
+        self.seq_next: dict[Any, int] = {}
+        self.ahead: dict[Any, int] = {}
+        #: Where taking began, for a partition with no committed offset then.
+        self.seq_start: dict[Any, int] = {}
+        #: Sequencer messages left unacknowledged for being past a hole.
+        self.out_of_order = 0
 
     async def _install_dump(self) -> None:
         # after mode's own signal handlers: the worker installs them before its app starts
@@ -534,20 +545,31 @@ class Worker:
                      len(events) - len(kept))  # fmt: skip
         return kept
 
-    async def on_sequence(self, events: list[Any]) -> None:
+    async def on_sequence(self, events: list[Any]) -> list[Any]:
         """A batch of sequencer messages: release what they allow; publish once the state
-        they changed is stored (one flush for the batch)."""
+        they changed is stored (one flush for the batch). Returns the messages left
+        unacknowledged, to be read again in offset order (``worker.kafka.inorder``)."""
         async with self._state_step(events) as mine:
             try:
-                await self._sequence(mine)
+                return await self._sequence(mine)
             except StateInconsistentError:
                 self.changelog.failed = True  # the next start restores the tables
                 raise
 
-    async def _sequence(self, events: list[Any]) -> None:
+    async def _sequence(self, events: list[Any]) -> list[Any]:
         emits: list[Emit] = []
+        taken: dict[Any, int] = {}  # the next offset to take, after this batch
+        ahead: list[Any] = []
+        confirmed = False
         for event in events:
             msg = event.message
+            order = self._in_order(msg, taken)
+            if order is Order.AHEAD:
+                ahead.append(event)
+            if order is Order.AHEAD or order is Order.AGAIN:
+                continue
+            if order is Order.TAKE:
+                taken[msg.tp] = msg.offset + 1
             items = _unframed(event, wire.decode, "sequencer")
             if items is None:
                 continue
@@ -556,8 +578,9 @@ class Worker:
                     self.stage.offset = msg.offset
                     self.stage.topic = msg.topic
                     self.stage.arrived = float(msg.timestamp or -math.inf)
-                    if event is events[0]:
+                    if not confirmed:
                         self.stage.confirm(self._committed(msg.tp))
+                        confirmed = True
                     for decoded in items:
                         emits += self.stage.accept(decoded)
                     emits += self.stage.release(RELEASE_BATCH)
@@ -578,6 +601,43 @@ class Worker:
             await self._flush_publish(emits)
         else:
             await self.flush_changelog(wait=False)
+        self.seq_next.update(taken)
+        return ahead
+
+    def _in_order(self, msg: Any, taken: dict[Any, int]) -> Order:
+        """``in_order`` for a sequencer message, ``taken`` the batch's next offsets so
+        far. Before the first message since the partition was assigned, the next offset
+        is the committed one (where Faust starts reading)."""
+        tp = msg.tp
+        expected = taken.get(tp, self.seq_next.get(tp))
+        if expected is None:
+            expected = self._committed(tp)
+            if expected is None:  # no commit to check against: taking starts here
+                self.seq_start[tp] = msg.offset
+                return Order.TAKE
+        order = in_order(
+            expected, msg.offset, functools.partial(self._passed, tp), self.seq_start.get(tp)
+        )
+        if order is Order.TAKE:
+            self.ahead.pop(tp, None)  # the hole, if any, is filled (or held no message)
+        elif order is Order.AHEAD:
+            self.out_of_order += 1
+            if tp not in self.ahead:  # a new hole
+                log.warning(
+                    "partition %s[%d]: the message at offset %d came before the one at %d, "
+                    "which was dropped on the way: the messages from %d on are left to be "
+                    "read again in order",
+                    tp.topic,
+                    tp.partition,
+                    msg.offset,
+                    expected,
+                    msg.offset,
+                )
+                self.ahead[tp] = msg.offset
+        return order
+
+    def _passed(self, tp: Any, begin: int, end: int) -> bool:
+        return faustfix.passed_over(self.app.consumer, tp, begin, end)
 
     async def _flush_publish(self, emits: list[Emit]) -> None:
         # the state first: a published decision is always one the state remembers
@@ -726,11 +786,14 @@ class Worker:
         there, it was dropped on the way (a message Faust skipped around a rebalance,
         never acknowledged, or passed over as read when a batch fetched before a seek
         came after it): read the partition again from it, at once if a later message was
-        handled, else after ``STUCK_S``. What is read twice is answered twice,
-        identically."""
+        handled or the sequencer left one (``worker.kafka.inorder``: however busy the
+        topic), else after ``STUCK_S``. What is read twice is answered twice,
+        identically (the sequencer takes a copy of a message it took already only
+        once)."""
         consumer: Any = self.app.consumer
         if self.app.rebalancing:
             self.stuck, self.sought, self.present, self.reread = {}, {}, {}, {}
+            self.ahead = {}
             return
         faustfix.read_from(consumer, self.sought)  # the seeks of the last tick
         self.sought = {}
@@ -738,7 +801,8 @@ class Worker:
         seen, self.stuck = self.stuck, {}
         idle = functools.partial(faustfix.topic_idle, self.app)
         asked = False
-        for tp, (offset, why) in faustfix.stuck_partitions(consumer, idle).items():
+        stuck = faustfix.stuck_partitions(consumer, idle, self.ahead)
+        for tp, (offset, why) in stuck.items():
             first = seen.get(tp)
             since = first[1] if first is not None and first[0] == offset else now
             self.stuck[tp] = (offset, since)
@@ -752,8 +816,9 @@ class Worker:
                     continue
             if why == faustfix.UNREAD:
                 continue  # not dropped: it comes with a fetch
-            # a message after it was handled: it was surely dropped (a stream takes a
-            # partition's messages in order); read past it: maybe only just sought to
+            # a message after it was handled (or left by the sequencer): it was surely
+            # dropped (a stream takes a partition's messages in order); read past it:
+            # maybe only just sought to
             if why == faustfix.READ and now - since < STUCK_S:
                 continue
             last = self.reread.get(tp)
@@ -786,6 +851,8 @@ class Worker:
         (False also when the broker did not answer)."""
         consumer: Any = self.app.consumer
         after = [o for o in consumer._acked.get(tp) or () if o > offset]
+        if (left := self.ahead.get(tp)) is not None and left >= offset:
+            after.append(left)  # it holds a message: the question need not go further
         try:
             end = int(consumer.highwater(tp))
         except Exception:
@@ -833,7 +900,9 @@ class Worker:
             f"worker: rebalancing={self.app.rebalancing} flow_active={consumer.flow_active} "
             f"paused={self.paused} backlog={self.backlog} pending={len(self.stage.sequencer)} "
             f"waiting={self.stage.sequencer.waiting():.1f}s "
-            f"blocking={sorted(self.stage.sequencer.blocking())}",
+            f"blocking={sorted(self.stage.sequencer.blocking())} "
+            f"next={ {str(tp): o for tp, o in self.seq_next.items()} } "
+            f"ahead={ {str(tp): o for tp, o in self.ahead.items()} }",
             "partitions (committed, committing, read, highwater, acked, taken, paused, active):",
         ]
         committing = getattr(consumer, "_neardup_committing", None) or {}
@@ -903,9 +972,11 @@ class Worker:
         await self.gate.close()
         await self.flush_changelog(wait=True)
         self.stage.unload()
+        self.seq_next, self.seq_start, self.ahead = {}, {}, {}  # read from the commits next
 
     async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         self.revoked = False
+        self.seq_next, self.seq_start, self.ahead = {}, {}, {}
         faustfix.set_fetch_size(self.app, RESTORE_FETCH_BYTES)  # the restore comes next
 
     async def _on_rebalance_complete(self, sender: Any, *args: Any, **kwargs: Any) -> None:

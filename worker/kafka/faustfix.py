@@ -35,7 +35,7 @@ the consumer thread and stalled partitions, and was taken out.)
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Container
+from collections.abc import Awaitable, Callable, Collection, Container, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -286,7 +286,9 @@ READ = "read"  # the fetch loop read past it: dropped (or just sought to), or ab
 UNREAD = "unread"  # the fetch loop has not got to it: absent, or not fetched yet
 
 
-def stuck_partitions(consumer: Any, idle: Callable[[str], bool]) -> dict[Any, tuple[int, str]]:
+def stuck_partitions(
+    consumer: Any, idle: Callable[[str], bool], left: Mapping[Any, int] | None = None
+) -> dict[Any, tuple[int, str]]:
     """Partitions whose commits are held back at the committed offset, by a message that
     no agent holds or by an offset that holds no message: each one's committed offset and
     why (``AFTER``, ``READ``, ``UNREAD``). The offset is not acknowledged, not in
@@ -301,7 +303,12 @@ def stuck_partitions(consumer: Any, idle: Callable[[str], bool]) -> dict[Any, tu
     ``worker.kafka.absent``), or its message was dropped on the way: skipped around a
     rebalance, and its copy fetched again dropped as read (read it again). ``UNREAD``
     only says the first: a message there was not dropped, it is still to come (the fetch
-    loop may wait on a full queue of another topic)."""
+    loop may wait on a full queue of another topic).
+
+    ``left``: for a partition, the offset of a message an agent took and left
+    unacknowledged to be read again in order (``worker.kafka.inorder``). Left at or past
+    the committed offset, it says what a later message acknowledged says (``AFTER``),
+    however busy the topic's streams are."""
     taken = {(m.tp, m.offset) for m in list(consumer.unacked)}
     committing = getattr(consumer, "_neardup_committing", None) or {}
     paused = set(consumer._paused_partitions)
@@ -315,7 +322,9 @@ def stuck_partitions(consumer: Any, idle: Callable[[str], bool]) -> dict[Any, tu
         gaps = consumer._gap.get(tp)
         if gaps is not None and gaps.overlaps(committed):
             continue
-        if any(o > committed for o in consumer._acked.get(tp) or ()):
+        if any(o > committed for o in consumer._acked.get(tp) or ()) or (
+            left and left.get(tp, -1) >= committed
+        ):
             stuck[tp] = (int(committed), AFTER)
             continue
         read = consumer._read_offset.get(tp)
@@ -416,7 +425,9 @@ def restoring_again(app: Any) -> bool:
 
 
 async def acked_when_done(
-    stream: Any, events: list[Any], handle: Callable[[list[Any]], Awaitable[None]]
+    stream: Any,
+    events: list[Any],
+    handle: Callable[[list[Any]], Awaitable[Collection[Any] | None]],
 ) -> None:
     """Handle a batch from ``take_events`` and acknowledge it only once handled.
 
@@ -430,9 +441,41 @@ async def acked_when_done(
     offsets at the revoke, and an acknowledgement now would put them back as handled,
     with no committed offset to compare them with, where a later assignment of the
     partition would take them as handled in its generation too. The partition's next
-    owner reads them from its committed offset."""
+    owner reads them from its committed offset.
+
+    ``handle`` may return events it left to be read again (``worker.kafka.inorder``):
+    those are never acknowledged either, and no longer waited for (``forget``)."""
     for event in events:
         event.message.incref()
-    await handle(events)
+    left = await handle(events) or ()
+    for event in left:
+        forget(stream.app.consumer, event.message)
+    skip = {id(event) for event in left}
     for event in assigned(stream.app, events):
-        await stream.ack(event)
+        if id(event) not in skip:
+            await stream.ack(event)
+
+
+def forget(consumer: Any, message: Any) -> None:
+    """A message left unacknowledged, to be read again: Faust no longer tracks it as in
+    hand (a stop does not wait for it; ``stuck_partitions`` does not take its offset for
+    one an agent holds). Its offset holds the commits back until a copy is handled."""
+    consumer._unacked_messages.discard(message)
+
+
+def passed_over(consumer: Any, tp: Any, begin: int, end: int) -> bool:
+    """Whether the commits of ``tp`` pass over every offset from ``begin`` up to ``end``
+    without a message there being handled: below the committed offset, or held to hold
+    no message (``mark_absent``). (While a commit runs, its offset counts as committed:
+    the gaps below it are forgotten already.)"""
+    committed = consumer._committed_offset.get(tp)
+    committing = (getattr(consumer, "_neardup_committing", None) or {}).get(tp)
+    done = [int(o) for o in (committed, committing) if o is not None]
+    at = max([begin, *done])
+    gaps = consumer._gap.get(tp)
+    while at < end:
+        spans = gaps[at] if gaps else ()
+        if not spans:
+            return False
+        at = max(span.end for span in spans)
+    return True

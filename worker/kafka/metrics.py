@@ -96,6 +96,11 @@ class _StageCollector:
                 "Runs of offsets the broker said hold no message, committed past",
                 w.absent_runs,
             ),
+            (
+                "neardup_sequencer_out_of_order",
+                "Sequencer messages past a dropped one, left to be read again in order",
+                w.out_of_order,
+            ),
             ("neardup_raw_pauses", "Times this worker paused reading raw pages", w.pauses),
         ):
             counter = CounterMetricFamily(name, doc)
