@@ -327,6 +327,7 @@ def test_the_first_sequencer_message_after_an_assignment_is_checked_against_the_
     worker.app.consumer._committed_offset[tp] = 2
     _sequence_one_at(worker, 3)
     assert worker.out_of_order == 1 and worker.seq_next == {} and worker.ahead == {tp: 3}
+    assert set(worker.hole_since) == {tp}  # for ``_reread_holes``
 
 
 def test_offsets_known_to_hold_no_message_are_passed_over(tmp_path: Path) -> None:
@@ -377,7 +378,7 @@ def test_a_new_hole_after_one_filled_is_logged_and_read_again_at_once(
             for _ in range(3):  # 1, 2, 3
                 await agent.put(value=_marks2(), partition=0)
             await until(lambda: worker.seq_next.get(tp) == 4, "taken through 3")
-            assert worker.ahead == {}  # the hole is filled
+            assert worker.ahead == worker.hole_since == {}  # the hole is filled
             agent.sent_offset = 5  # 4 dropped
             await agent.put(value=_marks2(), partition=0)  # 5: left
             await until(lambda: worker.out_of_order == 2, "left again")
@@ -421,8 +422,9 @@ def test_a_rebalance_forgets_where_the_sequencer_was(tmp_path: Path) -> None:
     async def go() -> None:
         for signal in (worker._on_assigned, worker._on_revoked):
             worker.seq_next[tp], worker.seq_start[tp], worker.ahead[tp] = 7, 3, 9
+            worker.hole_since[tp] = 0.0
             await signal(None)
-            assert worker.seq_next == worker.seq_start == worker.ahead == {}
+            assert worker.seq_next == worker.seq_start == worker.ahead == worker.hole_since == {}
 
     run(go)
 

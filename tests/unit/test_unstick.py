@@ -74,7 +74,7 @@ def _worker(consumer: FakeConsumer, absent: FakeAbsent) -> Worker:
     w.app = FakeApp(consumer)  # type: ignore[assignment]
     w.stuck, w.sought, w.present, w.reread = {}, {}, {}, {}
     w.rereads = w.absent_runs = 0
-    w.ahead = {}
+    w.ahead, w.hole_since, w.seq_next = {}, {}, {}
     w.absent = absent  # type: ignore[assignment]
     return w
 
@@ -149,14 +149,21 @@ def test_a_sequencer_message_left_past_a_hole_has_it_read_again_however_busy_the
     busy.unacked, busy._acked_index, busy._paused_partitions = [], {}, set()
     busy._read_offset[tp] = 60
     w = _worker(consumer, absent)
-    w.ahead[tp] = 43
+    # (the hole opened long before: still, the rule above reads it again, as the commits
+    # show it, not ``_reread_holes`` at once)
+    w.ahead[tp], w.seq_next[tp], w.hole_since[tp] = 43, 40, -STUCK_S
     monkeypatch.setattr(faustfix, "topic_idle", lambda app, topic: False)
+    when = {}
     for t in (0.0, GAP_CHECK_S, GAP_CHECK_S + 1, GAP_CHECK_S + STUCK_S):
         monkeypatch.setattr(app_module.time, "monotonic", lambda t=t: t)
         asyncio.run(w.unstick())
+        when[t] = len(consumer.seeks)
+    assert when == {0.0: 0, GAP_CHECK_S: 1, GAP_CHECK_S + 1: 1, GAP_CHECK_S + STUCK_S: 2}
     assert absent.asked == [("seq", 40, 44)]
+    # (not three: ``_reread_holes`` leaves a hole the commits show to the rule above)
     assert consumer.seeks == [(tp, 40), (tp, 40)] and w.ahead == {tp: 43}
-    w.ahead = {}  # no message left: busy, and read past, it waits (READ, then idle)
+    # no message left: busy, and read past, it waits (READ, then idle)
+    w.ahead, w.hole_since = {}, {}
     consumer.seeks = []
     w.reread = {}
     for t in (100.0, 100 + GAP_CHECK_S, 100 + STUCK_S + 1):
@@ -219,3 +226,58 @@ def test_one_question_a_tick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(app_module.time, "monotonic", lambda: GAP_CHECK_S + 0.2)
     asyncio.run(w.unstick())
     assert sorted(x[0] for x in absent.asked) == ["a", "b"]
+
+
+def _held(tp: TP) -> tuple[FakeConsumer, FakeAbsent, Worker]:
+    """The sequencer waits for offset 40 (the message at 43 left past the hole, since
+    t=0), and the commits do not show the hole: a commit of the partition is in flight,
+    so the real ``stuck_partitions`` does not name it."""
+    consumer, absent = FakeConsumer([tp], 40, 2000), FakeAbsent([])
+    held: Any = consumer
+    held.unacked, held._acked_index, held._paused_partitions = [], {}, set()
+    held._neardup_committing = {tp: 40}
+    w = _worker(consumer, absent)
+    w.ahead[tp], w.seq_next[tp], w.hole_since[tp] = 43, 40, 0.0
+    return consumer, absent, w
+
+
+def test_a_sequencer_hole_the_commits_do_not_show_is_read_again_after_stuck_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tp = TP("seq")
+    consumer, absent, w = _held(tp)
+    monkeypatch.setattr(faustfix, "topic_idle", lambda app, topic: True)
+    for t in (0.0, GAP_CHECK_S, STUCK_S - 0.5, STUCK_S, STUCK_S + 1, 2 * STUCK_S):
+        monkeypatch.setattr(app_module.time, "monotonic", lambda t=t: t)
+        asyncio.run(w.unstick())
+    assert absent.asked == [("seq", 40, 44), ("seq", 40, 44)]  # one question each time
+    assert consumer.seeks == [(tp, 40), (tp, 40)] and w.rereads == 2
+
+
+def test_a_sequencer_hole_filled_while_the_question_is_out_is_not_read_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tp = TP("seq")
+    consumer, absent, w = _held(tp)
+
+    def filled() -> None:  # the message at 40 came and was taken meanwhile
+        w.ahead, w.hole_since, w.seq_next = {}, {}, {tp: 44}
+
+    absent.during = filled
+    monkeypatch.setattr(app_module.time, "monotonic", lambda: STUCK_S)
+    asyncio.run(w.unstick())
+    assert absent.asked and consumer.seeks == [] and w.rereads == 0
+
+
+def test_a_sequencer_hole_the_broker_says_holds_no_message_is_marked_absent_and_read_past(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The messages left past it must come again; ``in_order`` then takes them, the
+    offsets below held to hold no message (``faustfix.passed_over``)."""
+    tp = TP("seq")
+    consumer, absent, w = _held(tp)
+    absent.runs = [(40, 43)]
+    monkeypatch.setattr(app_module.time, "monotonic", lambda: STUCK_S)
+    asyncio.run(w.unstick())
+    assert consumer.seeks == [(tp, 40)]
+    assert faustfix.passed_over(consumer, tp, 40, 43)

@@ -331,6 +331,8 @@ class Worker:
         #: dropped (``unstick`` reads the partition again from it).
         self.seq_next: dict[Any, int] = {}
         self.ahead: dict[Any, int] = {}
+        #: When each open hole opened (``time.monotonic``): see ``_reread_holes``.
+        self.hole_since: dict[Any, float] = {}
         #: Where taking began, for a partition with no committed offset then.
         self.seq_start: dict[Any, int] = {}
         #: Sequencer messages left unacknowledged for being past a hole.
@@ -620,6 +622,7 @@ class Worker:
         )
         if order is Order.TAKE:
             self.ahead.pop(tp, None)  # the hole, if any, is filled (or held no message)
+            self.hole_since.pop(tp, None)
         elif order is Order.AHEAD:
             self.out_of_order += 1
             if tp not in self.ahead:  # a new hole
@@ -634,6 +637,7 @@ class Worker:
                     msg.offset,
                 )
                 self.ahead[tp] = msg.offset
+                self.hole_since[tp] = time.monotonic()
         return order
 
     def _passed(self, tp: Any, begin: int, end: int) -> bool:
@@ -793,7 +797,7 @@ class Worker:
         consumer: Any = self.app.consumer
         if self.app.rebalancing:
             self.stuck, self.sought, self.present, self.reread = {}, {}, {}, {}
-            self.ahead = {}
+            self.ahead, self.hole_since = {}, {}
             return
         faustfix.read_from(consumer, self.sought)  # the seeks of the last tick
         self.sought = {}
@@ -834,6 +838,46 @@ class Worker:
             self.rereads += 1
             self.reread[tp] = (offset, now)
             await self._seek(tp, offset)
+        if not asked:
+            await self._reread_holes(stuck, now)
+
+    async def _reread_holes(self, stuck: dict[Any, Any], now: float) -> None:
+        """A hole of the sequencer's partition open for ``STUCK_S`` that the commits do not
+        show (``stuck_partitions`` did not name the partition: a commit in flight, say, or
+        a committed offset that moved) is read again from the offset the sequencer waits
+        for, after one broker question (which marks that offset absent if it holds no
+        message; ``in_order`` then takes the message after it). The sequencer holds every
+        page after a hole, so it must not depend on the commits alone to close it."""
+        consumer: Any = self.app.consumer
+        for tp, since in list(self.hole_since.items()):
+            at = self.seq_next.get(tp)
+            last = self.reread.get(tp)
+            if tp in stuck or at is None or now - since < STUCK_S:
+                continue  # the commits show it (``unstick`` reads it again), or too soon
+            if last is not None and now - last[1] < STUCK_S:
+                continue  # read again already: give that time
+            await self._pass_absent(tp, at)  # one question a tick: no other was asked
+            if (
+                self.app.rebalancing
+                or tp not in consumer.assignment()
+                or self.seq_next.get(tp) != at
+                or tp not in self.ahead
+            ):
+                return  # moved, or filled, while the question was out
+            log.warning(
+                "partition %s[%d]: the sequencer has waited %.0f s for the message at offset "
+                "%d, a hole the commits (at %s) do not show: reading the partition again "
+                "from it",
+                tp.topic,
+                tp.partition,
+                now - since,
+                at,
+                consumer._committed_offset.get(tp),
+            )
+            self.rereads += 1
+            self.reread[tp] = (at, now)
+            await self._seek(tp, at)
+            return
 
     def _still(self, tp: Any, offset: int) -> bool:
         """After an ``await`` in ``unstick``: whether ``tp`` is still this worker's and
@@ -896,13 +940,15 @@ class Worker:
         streams' queues, and the backpressure and sequencer state."""
         consumer: Any = self.app.consumer
         taken = [(m.tp, m.offset) for m in list(consumer.unacked)]
+        now = time.monotonic()
         lines = [
             f"worker: rebalancing={self.app.rebalancing} flow_active={consumer.flow_active} "
             f"paused={self.paused} backlog={self.backlog} pending={len(self.stage.sequencer)} "
             f"waiting={self.stage.sequencer.waiting():.1f}s "
             f"blocking={sorted(self.stage.sequencer.blocking())} "
             f"next={ {str(tp): o for tp, o in self.seq_next.items()} } "
-            f"ahead={ {str(tp): o for tp, o in self.ahead.items()} }",
+            f"ahead={ {str(tp): o for tp, o in self.ahead.items()} } "
+            f"hole_open_s={ {str(tp): round(now - t, 1) for tp, t in self.hole_since.items()} }",
             "partitions (committed, committing, read, highwater, acked, taken, paused, active):",
         ]
         committing = getattr(consumer, "_neardup_committing", None) or {}
@@ -973,10 +1019,11 @@ class Worker:
         await self.flush_changelog(wait=True)
         self.stage.unload()
         self.seq_next, self.seq_start, self.ahead = {}, {}, {}  # read from the commits next
+        self.hole_since = {}
 
     async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         self.revoked = False
-        self.seq_next, self.seq_start, self.ahead = {}, {}, {}
+        self.seq_next, self.seq_start, self.ahead, self.hole_since = {}, {}, {}, {}
         faustfix.set_fetch_size(self.app, RESTORE_FETCH_BYTES)  # the restore comes next
 
     async def _on_rebalance_complete(self, sender: Any, *args: Any, **kwargs: Any) -> None:
