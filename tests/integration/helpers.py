@@ -540,6 +540,7 @@ class Deployment:
                 if at >= 0
                 else "(no answer: its event loop is blocked?)"
             )
+            parts.append(f"--- {w.log.name}, its last warnings\n{warnings(w.log, sizes[w.log])}")
             parts.append(f"--- {w.log.name}, where it is\n{said}")
         return "\n".join(parts)
 
@@ -595,6 +596,19 @@ def check_against(ref: Reference, d: Deployment) -> None:
         return sorted({(r["page_id"], r["url"], r["reason"]) for r in rows})
 
     assert letters(d.rejects()) == letters(ref.rejects)
+
+
+def warnings(log: Path, size: int, last: int = 20) -> str:
+    """The last ``last`` lines of ``log`` up to ``size`` bytes at level WARNING or above
+    (what a worker said of a fault, before the dump that follows them)."""
+    with log.open("rb") as fh:
+        text = fh.read(size).decode(errors="replace")
+    said = [
+        line[:400]
+        for line in text.splitlines()
+        if any(level in line for level in ("WARNING", "ERROR", "CRITICAL"))
+    ]
+    return "\n".join(said[-last:]) or "(none)"
 
 
 def all_out(ref: Reference, d: Deployment) -> bool:

@@ -59,3 +59,13 @@ def test_sigusr1_logs_the_report(caplog: pytest.LogCaptureFixture) -> None:
         asyncio.run(scene())
     said = [r.getMessage() for r in caplog.records if "SIGUSR1" in r.getMessage()]
     assert said and "tasks of the main loop:" in said[0]
+
+
+def test_the_callers_own_state_comes_first_and_a_failing_one_is_named() -> None:
+    text = dump.report(lambda: "worker: pending=3")
+    assert text.startswith("worker: pending=3\nthreads:")
+
+    def broken() -> str:
+        raise KeyError("gone")
+
+    assert dump.report(broken).startswith("(KeyError('gone') while reporting more)\nthreads:")

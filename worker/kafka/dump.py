@@ -84,9 +84,17 @@ def _generators() -> list[str]:
 
 
 def report(extra: Callable[[], str] | None = None) -> str:
-    """Every thread's innermost frames, every known event loop's tasks, the suspended
-    async generators, and ``extra()``."""
-    lines = ["threads:"]
+    """``extra()``, then every thread's innermost frames, every known event loop's
+    tasks and the suspended async generators. (``extra`` first: it is the shortest and
+    says most, and a reader who sees only the first lines, as a CI log's excerpt, sees
+    it.)"""
+    lines = []
+    if extra is not None:
+        try:
+            lines.append(extra())
+        except Exception as exc:  # a report about a worker in trouble must not fail
+            lines.append(f"({exc!r} while reporting more)")
+    lines.append("threads:")
     names = {t.ident: t for t in threading.enumerate()}
     loops: list[tuple[str, asyncio.AbstractEventLoop]] = []
     for ident, frame in sys._current_frames().items():
@@ -111,11 +119,6 @@ def report(extra: Callable[[], str] | None = None) -> str:
         lines += _tasks(loop)
     lines.append("async generators:")
     lines += _generators()
-    if extra is not None:
-        try:
-            lines.append(extra())
-        except Exception as exc:  # a report about a worker in trouble must not fail
-            lines.append(f"({exc!r} while reporting more)")
     return "\n".join(lines)
 
 
