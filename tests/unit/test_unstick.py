@@ -151,7 +151,7 @@ def test_a_sequencer_message_left_past_a_hole_has_it_read_again_however_busy_the
     w = _worker(consumer, absent)
     # (the hole opened long before: still, the rule above reads it again, as the commits
     # show it, not ``_reread_holes`` at once)
-    w.ahead[tp], w.seq_next[tp], w.hole_since[tp] = 43, 40, -STUCK_S
+    w.ahead[tp], w.seq_next[tp], w.hole_since[tp] = 43, 40, (40, -STUCK_S)
     monkeypatch.setattr(faustfix, "topic_idle", lambda app, topic: False)
     when = {}
     for t in (0.0, GAP_CHECK_S, GAP_CHECK_S + 1, GAP_CHECK_S + STUCK_S):
@@ -172,18 +172,21 @@ def test_a_sequencer_message_left_past_a_hole_has_it_read_again_however_busy_the
     assert consumer.seeks == []
 
 
-def test_a_rebalance_forgets_the_holes_and_what_was_sought(
+def test_a_rebalance_forgets_what_was_sought_but_not_the_sequencers_holes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Partitions move: Faust reads them again from their committed offsets, and the
-    sequencer's open hole no longer says anything."""
+    """Partitions move: Faust reads them again from their committed offsets. The
+    sequencer's holes are forgotten by the revoke and the assignment
+    (``test_a_rebalance_forgets_where_the_sequencer_was``), not here: its steps may run
+    after the restore, before the rebalance ends, and a hole they open must stay known."""
     tp = TP("seq")
     consumer, absent = FakeConsumer([tp], 40, 45), FakeAbsent([])
     w = _worker(consumer, absent)
-    w.ahead[tp], w.sought[tp], w.reread[tp] = 43, 40, (40, 0.0)
+    w.ahead[tp], w.sought[tp], w.reread[tp], w.hole_since[tp] = 43, 40, (40, 0.0), (40, 0.0)
     w.app.rebalancing = True
     asyncio.run(w.unstick())
-    assert w.ahead == w.sought == w.reread == {} and absent.asked == []
+    assert w.sought == w.reread == {} and absent.asked == [] and consumer.seeks == []
+    assert w.ahead == {tp: 43} and w.hole_since == {tp: (40, 0.0)}
 
 
 def test_offsets_the_broker_says_are_absent_are_committed_past_not_read(
@@ -229,43 +232,57 @@ def test_one_question_a_tick(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _held(tp: TP) -> tuple[FakeConsumer, FakeAbsent, Worker]:
-    """The sequencer waits for offset 40 (the message at 43 left past the hole, since
-    t=0), and the commits do not show the hole: a commit of the partition is in flight,
-    so the real ``stuck_partitions`` does not name it."""
+    """Just after an assignment (nothing taken yet: no ``seq_next``), the sequencer waits
+    for offset 41 since t=0, the message at 43 left past it; the commits do not show the
+    hole: committed at 40, a commit of 41 in flight, so the real ``stuck_partitions``
+    does not name the partition."""
     consumer, absent = FakeConsumer([tp], 40, 2000), FakeAbsent([])
     held: Any = consumer
     held.unacked, held._acked_index, held._paused_partitions = [], {}, set()
-    held._neardup_committing = {tp: 40}
+    held._neardup_committing = {tp: 41}
     w = _worker(consumer, absent)
-    w.ahead[tp], w.seq_next[tp], w.hole_since[tp] = 43, 40, 0.0
+    w.ahead[tp], w.hole_since[tp] = 43, (41, 0.0)
     return consumer, absent, w
+
+
+def _tick(monkeypatch: pytest.MonkeyPatch, w: Worker, at: float) -> None:
+    monkeypatch.setattr(app_module.time, "monotonic", lambda: at)
+    monkeypatch.setattr(faustfix, "topic_idle", lambda app, topic: True)
+    asyncio.run(w.unstick())
 
 
 def test_a_sequencer_hole_the_commits_do_not_show_is_read_again_after_stuck_s(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """From the offset the sequencer waits for (not the committed one), after one
+    question up to the message left, at most once each ``STUCK_S``."""
     tp = TP("seq")
     consumer, absent, w = _held(tp)
-    monkeypatch.setattr(faustfix, "topic_idle", lambda app, topic: True)
     for t in (0.0, GAP_CHECK_S, STUCK_S - 0.5, STUCK_S, STUCK_S + 1, 2 * STUCK_S):
-        monkeypatch.setattr(app_module.time, "monotonic", lambda t=t: t)
-        asyncio.run(w.unstick())
-    assert absent.asked == [("seq", 40, 44), ("seq", 40, 44)]  # one question each time
-    assert consumer.seeks == [(tp, 40), (tp, 40)] and w.rereads == 2
+        _tick(monkeypatch, w, t)
+    assert absent.asked == [("seq", 41, 44), ("seq", 41, 44)]
+    assert consumer.seeks == [(tp, 41), (tp, 41)] and w.rereads == 2
 
 
-def test_a_sequencer_hole_filled_while_the_question_is_out_is_not_read_again(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("meanwhile", ["filled", "a new hole", "rebalancing", "taken away"])
+def test_a_sequencer_hole_that_changed_while_the_question_was_out_is_not_read_again(
+    monkeypatch: pytest.MonkeyPatch, meanwhile: str
 ) -> None:
     tp = TP("seq")
     consumer, absent, w = _held(tp)
 
-    def filled() -> None:  # the message at 40 came and was taken meanwhile
-        w.ahead, w.hole_since, w.seq_next = {}, {}, {tp: 44}
+    def change() -> None:
+        if meanwhile == "filled":  # the message at 41 came and was taken
+            w.ahead, w.hole_since = {}, {}
+        elif meanwhile == "a new hole":  # ... and then one at 44 opened
+            w.ahead, w.hole_since = {tp: 46}, {tp: (44, 5.0)}
+        elif meanwhile == "rebalancing":
+            w.app.rebalancing = True
+        else:
+            consumer.tps.remove(tp)
 
-    absent.during = filled
-    monkeypatch.setattr(app_module.time, "monotonic", lambda: STUCK_S)
-    asyncio.run(w.unstick())
+    absent.during = change
+    _tick(monkeypatch, w, STUCK_S)
     assert absent.asked and consumer.seeks == [] and w.rereads == 0
 
 
@@ -276,8 +293,41 @@ def test_a_sequencer_hole_the_broker_says_holds_no_message_is_marked_absent_and_
     offsets below held to hold no message (``faustfix.passed_over``)."""
     tp = TP("seq")
     consumer, absent, w = _held(tp)
-    absent.runs = [(40, 43)]
+    absent.runs = [(41, 43)]
+    _tick(monkeypatch, w, STUCK_S)
+    assert consumer.seeks == [(tp, 41)]
+    assert faustfix.passed_over(consumer, tp, 41, 43)
+
+
+def test_a_sequencer_hole_is_read_again_without_a_question_if_one_was_asked_this_tick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One broker question a tick; the fallback does not wait for a tick with none."""
+    tp = TP("seq")
+    consumer, absent, w = _held(tp)
     monkeypatch.setattr(app_module.time, "monotonic", lambda: STUCK_S)
-    asyncio.run(w.unstick())
+    asyncio.run(w._reread_holes(STUCK_S, asked=True))
+    assert absent.asked == [] and consumer.seeks == [(tp, 41)]
+
+
+def test_a_sequencer_hole_the_broker_never_answers_about_is_read_again_after_stuck_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The commits show the hole (the real ``stuck_partitions`` names it: AFTER), but the
+    broker gives no answer, so the rule above never reads it again; after ``STUCK_S``
+    the fallback does, with no question of its own (the rule above asked this tick)."""
+    tp = TP("seq")
+    consumer, absent = FakeConsumer([tp], 40, 2000), FakeAbsent([])
+    held: Any = consumer
+    held.unacked, held._acked_index, held._paused_partitions = [], {}, set()
+    absent.runs = None  # type: ignore[assignment]
+    w = _worker(consumer, absent)
+    w.ahead[tp], w.seq_next[tp], w.hole_since[tp] = 43, 40, (40, 0.0)
+    seeks = {}
+    for t in (0.0, GAP_CHECK_S, GAP_CHECK_S + 1, STUCK_S - 0.5, STUCK_S, STUCK_S + 1):
+        _tick(monkeypatch, w, t)
+        seeks[t] = len(consumer.seeks)
+    assert seeks == {0.0: 0, GAP_CHECK_S: 0, GAP_CHECK_S + 1: 0, STUCK_S - 0.5: 0,
+                     STUCK_S: 1, STUCK_S + 1: 1}  # fmt: skip
     assert consumer.seeks == [(tp, 40)]
-    assert faustfix.passed_over(consumer, tp, 40, 43)
+    assert len(absent.asked) == 5  # the rule above's, each tick from GAP_CHECK_S

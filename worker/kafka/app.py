@@ -331,8 +331,9 @@ class Worker:
         #: dropped (``unstick`` reads the partition again from it).
         self.seq_next: dict[Any, int] = {}
         self.ahead: dict[Any, int] = {}
-        #: When each open hole opened (``time.monotonic``): see ``_reread_holes``.
-        self.hole_since: dict[Any, float] = {}
+        #: Each open hole: the offset the sequencer waits for, and when it began to
+        #: (``time.monotonic``): see ``_reread_holes``.
+        self.hole_since: dict[Any, tuple[int, float]] = {}
         #: Where taking began, for a partition with no committed offset then.
         self.seq_start: dict[Any, int] = {}
         #: Sequencer messages left unacknowledged for being past a hole.
@@ -637,7 +638,7 @@ class Worker:
                     msg.offset,
                 )
                 self.ahead[tp] = msg.offset
-                self.hole_since[tp] = time.monotonic()
+                self.hole_since[tp] = (expected, time.monotonic())
         return order
 
     def _passed(self, tp: Any, begin: int, end: int) -> bool:
@@ -796,8 +797,9 @@ class Worker:
         once)."""
         consumer: Any = self.app.consumer
         if self.app.rebalancing:
+            # (not the sequencer's holes: the revoke and the assignment forget those, and
+            # its steps may run before the rebalance ends, after the restore)
             self.stuck, self.sought, self.present, self.reread = {}, {}, {}, {}
-            self.ahead, self.hole_since = {}, {}
             return
         faustfix.read_from(consumer, self.sought)  # the seeks of the last tick
         self.sought = {}
@@ -838,35 +840,37 @@ class Worker:
             self.rereads += 1
             self.reread[tp] = (offset, now)
             await self._seek(tp, offset)
-        if not asked:
-            await self._reread_holes(stuck, now)
+        await self._reread_holes(now, asked)
 
-    async def _reread_holes(self, stuck: dict[Any, Any], now: float) -> None:
-        """A hole of the sequencer's partition open for ``STUCK_S`` that the commits do not
-        show (``stuck_partitions`` did not name the partition: a commit in flight, say, or
-        a committed offset that moved) is read again from the offset the sequencer waits
-        for, after one broker question (which marks that offset absent if it holds no
-        message; ``in_order`` then takes the message after it). The sequencer holds every
-        page after a hole, so it must not depend on the commits alone to close it."""
+    async def _reread_holes(self, now: float, asked: bool) -> None:
+        """A hole of the sequencer's partition open for ``STUCK_S`` that the rule above
+        has not read again (``stuck_partitions`` did not name the partition, as when a
+        commit is in flight, or named it but the broker gave no answer for ``STUCK_S``)
+        is read again from the offset the sequencer waits for. Before, one broker
+        question if none was asked this tick: it marks that offset absent if it holds no
+        message, and ``in_order`` then takes the message after it. The sequencer holds
+        every page after a hole, so closing it must not depend on the commits, or on the
+        broker's answers, alone."""
         consumer: Any = self.app.consumer
-        for tp, since in list(self.hole_since.items()):
-            at = self.seq_next.get(tp)
+        for tp, (at, since) in list(self.hole_since.items()):
             last = self.reread.get(tp)
-            if tp in stuck or at is None or now - since < STUCK_S:
-                continue  # the commits show it (``unstick`` reads it again), or too soon
+            seen = self.stuck.get(tp)
+            if now - since < STUCK_S or (seen is not None and now - seen[1] < STUCK_S):
+                continue  # too soon; or the commits show it: the rule above has its time
             if last is not None and now - last[1] < STUCK_S:
                 continue  # read again already: give that time
-            await self._pass_absent(tp, at)  # one question a tick: no other was asked
-            if (
-                self.app.rebalancing
-                or tp not in consumer.assignment()
-                or self.seq_next.get(tp) != at
-                or tp not in self.ahead
-            ):
-                return  # moved, or filled, while the question was out
+            if not asked:
+                asked = True
+                await self._pass_absent(tp, at)
+                if (
+                    self.app.rebalancing
+                    or tp not in consumer.assignment()
+                    or self.hole_since.get(tp) != (at, since)
+                ):
+                    return  # moved, or filled, while the question was out
             log.warning(
                 "partition %s[%d]: the sequencer has waited %.0f s for the message at offset "
-                "%d, a hole the commits (at %s) do not show: reading the partition again "
+                "%d (committed: %s), and it was not read again: reading the partition again "
                 "from it",
                 tp.topic,
                 tp.partition,
@@ -940,7 +944,7 @@ class Worker:
         streams' queues, and the backpressure and sequencer state."""
         consumer: Any = self.app.consumer
         taken = [(m.tp, m.offset) for m in list(consumer.unacked)]
-        now = time.monotonic()
+        now, holes = time.monotonic(), list(self.hole_since.items())
         lines = [
             f"worker: rebalancing={self.app.rebalancing} flow_active={consumer.flow_active} "
             f"paused={self.paused} backlog={self.backlog} pending={len(self.stage.sequencer)} "
@@ -948,7 +952,7 @@ class Worker:
             f"blocking={sorted(self.stage.sequencer.blocking())} "
             f"next={ {str(tp): o for tp, o in self.seq_next.items()} } "
             f"ahead={ {str(tp): o for tp, o in self.ahead.items()} } "
-            f"hole_open_s={ {str(tp): round(now - t, 1) for tp, t in self.hole_since.items()} }",
+            f"holes={ {str(tp): (o, round(now - t, 1)) for tp, (o, t) in holes} }",
             "partitions (committed, committing, read, highwater, acked, taken, paused, active):",
         ]
         committing = getattr(consumer, "_neardup_committing", None) or {}
