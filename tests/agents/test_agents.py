@@ -25,6 +25,7 @@ from worker.contract import parse_raw, validate
 from worker.engine import Analysed, Engine, Stats
 from worker.kafka import wire
 from worker.kafka.app import Worker
+from worker.kafka.inorder import Hole
 from worker.kafka.stage import analyse_messages, backlogged, drained
 from worker.records import Rejected
 from worker.settings import Settings
@@ -326,8 +327,8 @@ def test_the_first_sequencer_message_after_an_assignment_is_checked_against_the_
     tp = TP(worker.names.sequence, 0)
     worker.app.consumer._committed_offset[tp] = 2
     _sequence_one_at(worker, 3)
-    assert worker.out_of_order == 1 and worker.seq_next == {} and worker.ahead == {tp: 3}
-    assert worker.hole_since[tp][0] == 2  # where ``_reread_holes`` reads it again from
+    assert worker.out_of_order == 1 and worker.seq_next == {}
+    assert worker.holes[tp][:2] == (2, 3)  # waiting for 2, 3 left
 
 
 def test_offsets_known_to_hold_no_message_are_passed_over(tmp_path: Path) -> None:
@@ -363,7 +364,7 @@ def test_a_new_hole_after_one_filled_is_logged_and_read_again_at_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A hole at 1, filled by a reading this worker did not ask for; then a hole at 4:
-    ``ahead`` is cleared when the first is filled and names the second (for
+    the hole is forgotten when the first is filled and the second recorded (for
     ``unstick``), and both are logged."""
     worker, _ = _worker(tmp_path, partitions=2)
     tp = TP(worker.names.sequence, 0)
@@ -378,14 +379,14 @@ def test_a_new_hole_after_one_filled_is_logged_and_read_again_at_once(
             for _ in range(3):  # 1, 2, 3
                 await agent.put(value=_marks2(), partition=0)
             await until(lambda: worker.seq_next.get(tp) == 4, "taken through 3")
-            assert worker.ahead == worker.hole_since == {}  # the hole is filled
+            assert worker.holes == {}  # the hole is filled
             agent.sent_offset = 5  # 4 dropped
             await agent.put(value=_marks2(), partition=0)  # 5: left
             await until(lambda: worker.out_of_order == 2, "left again")
 
     with caplog.at_level(logging.WARNING, logger="worker.kafka"):
         run(go)
-    assert worker.ahead == {tp: 5}
+    assert worker.holes[tp][:2] == (4, 5)
     assert len([r for r in caplog.records if "came before" in r.getMessage()]) == 2
 
 
@@ -421,10 +422,10 @@ def test_a_rebalance_forgets_where_the_sequencer_was(tmp_path: Path) -> None:
 
     async def go() -> None:
         for signal in (worker._on_assigned, worker._on_revoked):
-            worker.seq_next[tp], worker.seq_start[tp], worker.ahead[tp] = 7, 3, 9
-            worker.hole_since[tp] = (7, 0.0)
+            worker.seq_next[tp], worker.seq_start[tp] = 7, 3
+            worker.holes[tp] = Hole(7, 9, 0.0)
             await signal(None)
-            assert worker.seq_next == worker.seq_start == worker.ahead == worker.hole_since == {}
+            assert worker.seq_next == worker.seq_start == worker.holes == {}
 
     run(go)
 

@@ -14,6 +14,7 @@ from intervaltree import IntervalTree
 from worker.kafka import app as app_module
 from worker.kafka import faustfix
 from worker.kafka.app import GAP_CHECK_S, STUCK_S, Worker
+from worker.kafka.inorder import Hole
 
 
 class FakeConsumer:
@@ -23,6 +24,10 @@ class FakeConsumer:
         self._acked: dict[str, list[int]] = defaultdict(list)
         self._gap: dict[str, IntervalTree] = defaultdict(IntervalTree)
         self._read_offset: dict[str, int] = {}
+        # what the real ``stuck_partitions`` reads too: nothing in hand, nothing paused
+        self.unacked: list[Any] = []
+        self._acked_index: dict[str, set[int]] = {}
+        self._paused_partitions: set[str] = set()
         self.end = end
         self.seeks: list[tuple[str, int]] = []
 
@@ -74,7 +79,7 @@ def _worker(consumer: FakeConsumer, absent: FakeAbsent) -> Worker:
     w.app = FakeApp(consumer)  # type: ignore[assignment]
     w.stuck, w.sought, w.present, w.reread = {}, {}, {}, {}
     w.rereads = w.absent_runs = 0
-    w.ahead, w.hole_since, w.seq_next = {}, {}, {}
+    w.holes, w.seq_next = {}, {}
     w.absent = absent  # type: ignore[assignment]
     return w
 
@@ -141,17 +146,15 @@ def test_a_sequencer_message_left_past_a_hole_has_it_read_again_however_busy_the
     """The real ``stuck_partitions``: the sequencer left the message at 43 for being past
     the hole at 40 (``worker.kafka.inorder``), and the topic's streams are never idle.
     After ``GAP_CHECK_S`` and one question (up to the left message only) the partition
-    is read again from 40; ``ahead`` stays until a message is taken, so a reading whose
+    is read again from 40; the hole stays until a message is taken, so a reading whose
     copy never comes is tried again after ``STUCK_S``."""
     tp = TP("seq")
     consumer, absent = FakeConsumer([tp], 40, 2000), FakeAbsent([])
-    busy: Any = consumer
-    busy.unacked, busy._acked_index, busy._paused_partitions = [], {}, set()
-    busy._read_offset[tp] = 60
+    consumer._read_offset[tp] = 60
     w = _worker(consumer, absent)
     # (the hole opened long before: still, the rule above reads it again, as the commits
     # show it, not ``_reread_holes`` at once)
-    w.ahead[tp], w.seq_next[tp], w.hole_since[tp] = 43, 40, (40, -STUCK_S)
+    w.seq_next[tp], w.holes[tp] = 40, Hole(40, 43, -STUCK_S)
     monkeypatch.setattr(faustfix, "topic_idle", lambda app, topic: False)
     when = {}
     for t in (0.0, GAP_CHECK_S, GAP_CHECK_S + 1, GAP_CHECK_S + STUCK_S):
@@ -161,9 +164,8 @@ def test_a_sequencer_message_left_past_a_hole_has_it_read_again_however_busy_the
     assert when == {0.0: 0, GAP_CHECK_S: 1, GAP_CHECK_S + 1: 1, GAP_CHECK_S + STUCK_S: 2}
     assert absent.asked == [("seq", 40, 44)]
     # (not three: ``_reread_holes`` leaves a hole the commits show to the rule above)
-    assert consumer.seeks == [(tp, 40), (tp, 40)] and w.ahead == {tp: 43}
-    # no message left: busy, and read past, it waits (READ, then idle)
-    w.ahead, w.hole_since = {}, {}
+    assert consumer.seeks == [(tp, 40), (tp, 40)] and w.holes == {tp: Hole(40, 43, -STUCK_S)}
+    w.holes = {}  # no message left: busy, and read past, it waits (READ, then idle)
     consumer.seeks = []
     w.reread = {}
     for t in (100.0, 100 + GAP_CHECK_S, 100 + STUCK_S + 1):
@@ -182,11 +184,11 @@ def test_a_rebalance_forgets_what_was_sought_but_not_the_sequencers_holes(
     tp = TP("seq")
     consumer, absent = FakeConsumer([tp], 40, 45), FakeAbsent([])
     w = _worker(consumer, absent)
-    w.ahead[tp], w.sought[tp], w.reread[tp], w.hole_since[tp] = 43, 40, (40, 0.0), (40, 0.0)
+    w.sought[tp], w.reread[tp], w.holes[tp] = 40, (40, 0.0), Hole(40, 43, 0.0)
     w.app.rebalancing = True
     asyncio.run(w.unstick())
     assert w.sought == w.reread == {} and absent.asked == [] and consumer.seeks == []
-    assert w.ahead == {tp: 43} and w.hole_since == {tp: (40, 0.0)}
+    assert w.holes == {tp: Hole(40, 43, 0.0)}
 
 
 def test_offsets_the_broker_says_are_absent_are_committed_past_not_read(
@@ -238,10 +240,9 @@ def _held(tp: TP) -> tuple[FakeConsumer, FakeAbsent, Worker]:
     does not name the partition."""
     consumer, absent = FakeConsumer([tp], 40, 2000), FakeAbsent([])
     held: Any = consumer
-    held.unacked, held._acked_index, held._paused_partitions = [], {}, set()
     held._neardup_committing = {tp: 41}
     w = _worker(consumer, absent)
-    w.ahead[tp], w.hole_since[tp] = 43, (41, 0.0)
+    w.holes[tp] = Hole(41, 43, 0.0)
     return consumer, absent, w
 
 
@@ -273,9 +274,9 @@ def test_a_sequencer_hole_that_changed_while_the_question_was_out_is_not_read_ag
 
     def change() -> None:
         if meanwhile == "filled":  # the message at 41 came and was taken
-            w.ahead, w.hole_since = {}, {}
+            w.holes = {}
         elif meanwhile == "a new hole":  # ... and then one at 44 opened
-            w.ahead, w.hole_since = {tp: 46}, {tp: (44, 5.0)}
+            w.holes = {tp: Hole(44, 46, 5.0)}
         elif meanwhile == "rebalancing":
             w.app.rebalancing = True
         else:
@@ -318,11 +319,9 @@ def test_a_sequencer_hole_the_broker_never_answers_about_is_read_again_after_stu
     the fallback does, with no question of its own (the rule above asked this tick)."""
     tp = TP("seq")
     consumer, absent = FakeConsumer([tp], 40, 2000), FakeAbsent([])
-    held: Any = consumer
-    held.unacked, held._acked_index, held._paused_partitions = [], {}, set()
     absent.runs = None  # type: ignore[assignment]
     w = _worker(consumer, absent)
-    w.ahead[tp], w.seq_next[tp], w.hole_since[tp] = 43, 40, (40, 0.0)
+    w.seq_next[tp], w.holes[tp] = 40, Hole(40, 43, 0.0)
     seeks = {}
     for t in (0.0, GAP_CHECK_S, GAP_CHECK_S + 1, STUCK_S - 0.5, STUCK_S, STUCK_S + 1):
         _tick(monkeypatch, w, t)

@@ -44,7 +44,7 @@ from worker.engine import Analysed, Stats
 from worker.kafka import dump, faustfix, freshness, rocksmem, wire
 from worker.kafka.absent import Absent
 from worker.kafka.http import serve
-from worker.kafka.inorder import Order, in_order
+from worker.kafka.inorder import Hole, Order, in_order
 from worker.kafka.metrics import Metrics
 from worker.kafka.route import ProbeCounts, RoutedStage, index_for, route_step
 from worker.kafka.security import aiokafka_kwargs, faust_credentials
@@ -325,17 +325,12 @@ class Worker:
         #: Runs of offsets the broker said hold no message (``mark_absent``).
         self.absent_runs = 0
         self.absent = Absent(settings.brokers, aiokafka_kwargs(settings))
-        #: The sequencer's partitions: the next offset to take (``worker.kafka.inorder``),
-        #: and, while a hole is open (from the first message left for being past it to
-        #: the next message taken), that message's offset: the one at the hole was
-        #: dropped (``unstick`` reads the partition again from it).
+        #: The sequencer's partitions (``worker.kafka.inorder``): the next offset to
+        #: take; where taking began, for a partition with no committed offset then; and
+        #: each open hole (``unstick`` reads the partition again from it).
         self.seq_next: dict[Any, int] = {}
-        self.ahead: dict[Any, int] = {}
-        #: Each open hole: the offset the sequencer waits for, and when it began to
-        #: (``time.monotonic``): see ``_reread_holes``.
-        self.hole_since: dict[Any, tuple[int, float]] = {}
-        #: Where taking began, for a partition with no committed offset then.
         self.seq_start: dict[Any, int] = {}
+        self.holes: dict[Any, Hole] = {}
         #: Sequencer messages left unacknowledged for being past a hole.
         self.out_of_order = 0
 
@@ -622,11 +617,10 @@ class Worker:
             expected, msg.offset, functools.partial(self._passed, tp), self.seq_start.get(tp)
         )
         if order is Order.TAKE:
-            self.ahead.pop(tp, None)  # the hole, if any, is filled (or held no message)
-            self.hole_since.pop(tp, None)
+            self.holes.pop(tp, None)  # the hole, if any, is filled (or held no message)
         elif order is Order.AHEAD:
             self.out_of_order += 1
-            if tp not in self.ahead:  # a new hole
+            if tp not in self.holes:  # a new hole
                 log.warning(
                     "partition %s[%d]: the message at offset %d came before the one at %d, "
                     "which was dropped on the way: the messages from %d on are left to be "
@@ -637,8 +631,7 @@ class Worker:
                     expected,
                     msg.offset,
                 )
-                self.ahead[tp] = msg.offset
-                self.hole_since[tp] = (expected, time.monotonic())
+                self.holes[tp] = Hole(expected, msg.offset, time.monotonic())
         return order
 
     def _passed(self, tp: Any, begin: int, end: int) -> bool:
@@ -807,7 +800,8 @@ class Worker:
         seen, self.stuck = self.stuck, {}
         idle = functools.partial(faustfix.topic_idle, self.app)
         asked = False
-        stuck = faustfix.stuck_partitions(consumer, idle, self.ahead)
+        left = {tp: hole.left for tp, hole in self.holes.items()}
+        stuck = faustfix.stuck_partitions(consumer, idle, left)
         for tp, (offset, why) in stuck.items():
             first = seen.get(tp)
             since = first[1] if first is not None and first[0] == offset else now
@@ -852,7 +846,8 @@ class Worker:
         every page after a hole, so closing it must not depend on the commits, or on the
         broker's answers, alone."""
         consumer: Any = self.app.consumer
-        for tp, (at, since) in list(self.hole_since.items()):
+        for tp, hole in list(self.holes.items()):
+            at, since = hole.at, hole.since
             last = self.reread.get(tp)
             seen = self.stuck.get(tp)
             if now - since < STUCK_S or (seen is not None and now - seen[1] < STUCK_S):
@@ -865,7 +860,7 @@ class Worker:
                 if (
                     self.app.rebalancing
                     or tp not in consumer.assignment()
-                    or self.hole_since.get(tp) != (at, since)
+                    or self.holes.get(tp) != hole
                 ):
                     return  # moved, or filled, while the question was out
             log.warning(
@@ -899,8 +894,8 @@ class Worker:
         (False also when the broker did not answer)."""
         consumer: Any = self.app.consumer
         after = [o for o in consumer._acked.get(tp) or () if o > offset]
-        if (left := self.ahead.get(tp)) is not None and left >= offset:
-            after.append(left)  # it holds a message: the question need not go further
+        if (hole := self.holes.get(tp)) is not None and hole.left >= offset:
+            after.append(hole.left)  # it holds a message: the question need not go further
         try:
             end = int(consumer.highwater(tp))
         except Exception:
@@ -944,15 +939,14 @@ class Worker:
         streams' queues, and the backpressure and sequencer state."""
         consumer: Any = self.app.consumer
         taken = [(m.tp, m.offset) for m in list(consumer.unacked)]
-        now, holes = time.monotonic(), list(self.hole_since.items())
+        now, holes = time.monotonic(), list(self.holes.items())
         lines = [
             f"worker: rebalancing={self.app.rebalancing} flow_active={consumer.flow_active} "
             f"paused={self.paused} backlog={self.backlog} pending={len(self.stage.sequencer)} "
             f"waiting={self.stage.sequencer.waiting():.1f}s "
             f"blocking={sorted(self.stage.sequencer.blocking())} "
             f"next={ {str(tp): o for tp, o in self.seq_next.items()} } "
-            f"ahead={ {str(tp): o for tp, o in self.ahead.items()} } "
-            f"holes={ {str(tp): (o, round(now - t, 1)) for tp, (o, t) in holes} }",
+            f"holes={ {str(tp): (h.at, h.left, round(now - h.since, 1)) for tp, h in holes} }",
             "partitions (committed, committing, read, highwater, acked, taken, paused, active):",
         ]
         committing = getattr(consumer, "_neardup_committing", None) or {}
@@ -1022,12 +1016,15 @@ class Worker:
         await self.gate.close()
         await self.flush_changelog(wait=True)
         self.stage.unload()
-        self.seq_next, self.seq_start, self.ahead = {}, {}, {}  # read from the commits next
-        self.hole_since = {}
+        self._forget_sequencer()
+
+    def _forget_sequencer(self) -> None:
+        """After a revoke or an assignment: the sequencer reads from the commits next."""
+        self.seq_next, self.seq_start, self.holes = {}, {}, {}
 
     async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         self.revoked = False
-        self.seq_next, self.seq_start, self.ahead, self.hole_since = {}, {}, {}, {}
+        self._forget_sequencer()
         faustfix.set_fetch_size(self.app, RESTORE_FETCH_BYTES)  # the restore comes next
 
     async def _on_rebalance_complete(self, sender: Any, *args: Any, **kwargs: Any) -> None:

@@ -358,6 +358,16 @@ def read_from(consumer: Any, sought: dict[Any, int]) -> None:
             consumer._read_offset[tp] = offset
 
 
+def committed_or_committing(consumer: Any, tp: Any) -> int | None:
+    """The committed offset of ``tp``, or the one being committed if higher (None: no
+    commit known yet)."""
+    committed = consumer._committed_offset.get(tp)
+    committing = (getattr(consumer, "_neardup_committing", None) or {}).get(tp)
+    if committing is not None:
+        committed = committing if committed is None else max(committed, committing)
+    return None if committed is None else int(committed)
+
+
 def handled_below(
     consumer: Any, tp: Any, offset: int, handled: Container[int] = frozenset()
 ) -> int:
@@ -368,10 +378,7 @@ def handled_below(
     have (gaps). ``offset`` itself (or more) when nothing before it is missing, or when
     no commit is known yet. Less when a message before it was skipped (see
     ``no_skipped_acks``): it will be read again."""
-    committed = consumer._committed_offset.get(tp)
-    committing = (getattr(consumer, "_neardup_committing", None) or {}).get(tp)
-    if committing is not None:
-        committed = committing if committed is None else max(committed, committing)
+    committed = committed_or_committing(consumer, tp)
     if committed is None:
         return offset
     acked = consumer._acked_index.get(tp) or ()
@@ -468,10 +475,8 @@ def passed_over(consumer: Any, tp: Any, begin: int, end: int) -> bool:
     without a message there being handled: below the committed offset, or held to hold
     no message (``mark_absent``). (While a commit runs, its offset counts as committed:
     the gaps below it are forgotten already.)"""
-    committed = consumer._committed_offset.get(tp)
-    committing = (getattr(consumer, "_neardup_committing", None) or {}).get(tp)
-    done = [int(o) for o in (committed, committing) if o is not None]
-    at = max([begin, *done])
+    committed = committed_or_committing(consumer, tp)
+    at = begin if committed is None else max(begin, int(committed))
     gaps = consumer._gap.get(tp)
     while at < end:
         spans = gaps[at] if gaps else ()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from typing import NamedTuple
 
 
 class Order(enum.Enum):
@@ -35,6 +36,15 @@ class Order(enum.Enum):
     AGAIN = "again"  # taken before: acknowledge it, nothing else
     AHEAD = "ahead"  # past a hole: leave it unacknowledged, to be read again
     LATE = "late"  # below where taking began, with no committed offset: handle it late
+
+
+class Hole(NamedTuple):
+    """An open hole of a partition: from the first message left for being past it to the
+    next message taken."""
+
+    at: int  # the offset waited for: the message there was dropped on the way
+    left: int  # the first message left past it
+    since: float  # when it opened (``time.monotonic``)
 
 
 def in_order(
