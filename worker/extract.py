@@ -183,7 +183,6 @@ _INLINE_TAGS: Final = [
     "label", "abbr", "cite", "q", "s", "strike", "del", "ins", "mark", "time", "var", "tt",
     "kbd", "samp", "bdi", "bdo", "nobr", "acronym", "code", "img", "wbr", "picture",
 ]  # fmt: skip
-_INLINE_SET: Final = frozenset(_INLINE_TAGS)
 # Paragraphs: <p>, and WeChat's <section><span>text</span></section> (only a leaf
 # <section> is a paragraph; others wrap whole articles).
 _PARAGRAPH_TAGS: Final = frozenset({"p", "section"})
@@ -294,7 +293,7 @@ def _hint(node: LexborNode) -> float:
     negative = 1.0
     cur: LexborNode | None = node
     for _ in range(_HINT_ANCESTORS):
-        if cur is None or cur.tag in ("body", "html"):
+        if cur is None or cur.tag_id in _PAGE_ROOT_IDS:
             break
         names = _class_id(cur)
         if _COMMENT_HINT.search(names) and not _OK_MAYBE_HINT.search(names):
@@ -361,6 +360,13 @@ _SCAN_KINDS: Final = {
     for tag_id in _tag_ids(tags).values()
 }
 _INLINE_IDS: Final = frozenset(_tag_ids(_INLINE_TAGS).values())
+# Tag ids for the tests of the container search: ``node.tag`` decodes the name into a new
+# string at every call, and the search asks it of most elements of a page.
+_SECTION_ID: Final = _tag_ids(["section"])["section"]
+_A_ID: Final = _tag_ids(["a"])["a"]
+_LIST_ITEM_IDS: Final = frozenset(_tag_ids(_LIST_ITEMS).values())
+_NOT_LEAF_IDS: Final = frozenset(_tag_ids(_NOT_LEAF_CHILDREN).values())
+_PAGE_ROOT_IDS: Final = frozenset(_tag_ids(["body", "html"]).values())
 
 
 def _unwrap_inline(container: LexborNode) -> None:
@@ -398,11 +404,11 @@ def _best_container(
 
     wrappers: list[LexborNode] = []
     for p in scan.paragraphs:
-        if p.tag == "section" and not _is_leaf(p):
+        if p.tag_id == _SECTION_ID and not _is_leaf(p):
             wrappers.append(p)  # only its own text counts, as for a <div>
             continue
         owner = p.parent
-        if owner is None or owner.tag == "a":  # a linked teaser: "related news" furniture
+        if owner is None or owner.tag_id == _A_ID:  # a linked teaser: "related news" furniture
             continue
         text = p.text().strip()
         score = _unit_score(text)
@@ -415,7 +421,7 @@ def _best_container(
         if score:
             credit(block, score, text)
             held.add(block.mem_id)
-        elif thorough and block.tag not in _LIST_ITEMS and _is_leaf(block):
+        elif thorough and block.tag_id not in _LIST_ITEM_IDS and _is_leaf(block):
             score = _unit_score(block.text().strip(), _THOROUGH_MIN_PUNCT)
             if score:
                 credit(block.parent, score * _THOROUGH_WEIGHT)
@@ -423,7 +429,7 @@ def _best_container(
     if thorough:
         for br in scan.breaks:
             holder = br.parent
-            while holder is not None and holder.tag in _INLINE_SET:
+            while holder is not None and holder.tag_id in _INLINE_IDS:
                 holder = holder.parent
             if holder is None or holder.mem_id in held:
                 continue
@@ -449,7 +455,7 @@ def _rank(scores: dict[LexborNode, float]) -> tuple[LexborNode | None, float]:
         if adjusted > best_score:
             best, best_score = node, adjusted
     # A container must be a block: unwrapping inline tags later would dissolve it.
-    while best.tag in _INLINE_SET and best.parent is not None:
+    while best.tag_id in _INLINE_IDS and best.parent is not None:
         best = best.parent
     return best, best_score
 
@@ -458,7 +464,7 @@ def _is_leaf(node: LexborNode) -> bool:
     """No block among the children, and no script: its deep text is its own prose."""
     child = node.child
     while child is not None:
-        if child.tag in _NOT_LEAF_CHILDREN:
+        if child.tag_id in _NOT_LEAF_IDS:
             return False
         child = child.next
     return True
