@@ -22,7 +22,7 @@ LOCK=requirements.lock
 
 freeze() {  # name==version lines of a venv's packages, sorted, neardup left out
     "$1/bin/python" -m pip freeze --exclude-editable --disable-pip-version-check \
-        | grep -v -i -E '^neardup([=@ ]|$)' | LC_ALL=C sort -f
+        | grep -v -i -E '^neardup(-native)?([=@ ]|$)' | LC_ALL=C sort -f
 }
 
 if [[ "${1:-}" == "--check" ]]; then

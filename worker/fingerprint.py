@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import mmh3
 import numpy as np
@@ -523,8 +523,84 @@ def resemblance(a: bytes, n_a: int, b: bytes, n_b: int, k: int) -> tuple[float, 
     return jac, min(1.0, inter / max(1, min(n_a, n_b)))
 
 
+#: Bits of ``char_classes``, as the native module reads them.
+_WORD, _ALNUM, _DECIMAL, _SPACE, _DIGIT = 1, 2, 4, 8, 16
+
+
+def char_classes() -> bytes:
+    """One byte a code point (all 0x110000): whether it matches re's ``\\w`` (1), is
+    ``str.isalnum`` (2), matches ``\\d`` (4) or ``\\s`` (8), or is ``str.isdigit`` (16).
+
+    Made from the very regexes and predicates of the Python path, so the native path
+    classifies every character as this Python does, whatever Unicode version Rust's
+    tables have. About 0.1 s of CPU, once a process (the sandbox's zygote, for its
+    workers)."""
+    # every code point in order, lone surrogates too (a sixth of the time of a join)
+    every = np.arange(0x110000, dtype="<u4").tobytes().decode("utf-32-le", "surrogatepass")
+    classes = np.zeros(0x110000, dtype=np.uint8)
+    for pattern, bit in (
+        (r"\w+", _WORD), (r"[^\W_]+", _ALNUM), (r"\d+", _DECIMAL), (r"\s+", _SPACE)
+    ):  # fmt: skip
+        for m in re.finditer(pattern, every):
+            classes[m.start() : m.end()] |= bit
+    # isdigit has no regex: it is decimal digits plus superscripts, circled digits and
+    # the like, all of which have a numeric value; only those are asked.
+    numeric = np.flatnonzero(classes & _ALNUM)
+    digits = [c for c in numeric.tolist() if chr(c).isdigit()]
+    classes[digits] |= _DIGIT
+    return classes.tobytes()
+
+
+class Native(Protocol):
+    """What ``neardup_native.Fingerprinter`` offers the engine."""
+
+    def fingerprint(  # noqa: PLR0917 (the Rust signature: positional, one call site)
+        self, text: str, keywords: int, window: int, period_len: int, shingle_chars: int,
+        sketch_size: int,
+    ) -> tuple[int, int, list[int], int, int, bytes, bytes, bytes, bytes]: ...  # fmt: skip
+
+
+@lru_cache(maxsize=1)
+def native() -> Native | None:
+    """The native fingerprinter (``native/``, the ``neardup-native`` package), or None
+    when it is not installed or ``NEARDUP_NATIVE=0``. Immutable once made, as the
+    tables it is made from."""
+    if os.environ.get("NEARDUP_NATIVE", "1") == "0":
+        return None
+    try:
+        from neardup_native import Fingerprinter
+    except ImportError:
+        return None
+    keys, weights, median_idf = _lexicon()
+    made: Native = Fingerprinter(
+        sorted(STOPWORDS),
+        dict(SYNONYMS),
+        keys.astype("<u8").tobytes(),
+        weights.astype("<f8").tobytes(),
+        median_idf,
+        char_classes(),
+    )
+    return made
+
+
 def fingerprint(text: str, cfg: EngineConfig) -> Fingerprints:
-    """Both SimHashes of ``text``, its period strings and its 5-gram sketch."""
+    """Both SimHashes of ``text``, its period strings and its 5-gram sketch.
+
+    With rjieba as the segmenter, the native module computes them when it is installed:
+    the same values (``tests/unit/test_native.py``) for a third of the CPU. A lone
+    surrogate, which is not UTF-8, raises UnicodeEncodeError either way, as rjieba does
+    (decode has replaced them before any page gets here)."""
+    fast = native() if cfg.segmenter == "rjieba" else None
+    if fast is None:
+        return fingerprint_python(text, cfg)
+    fp1, fp2, strings, words, shingles, *blobs = fast.fingerprint(
+        text, cfg.keywords, cfg.window, cfg.period_len, SHINGLE_CHARS, cfg.sketch_size
+    )
+    return Fingerprints(fp1, fp2, tuple(strings), words, shingles, *blobs)
+
+
+def fingerprint_python(text: str, cfg: EngineConfig) -> Fingerprints:
+    """``fingerprint`` in Python and numpy: the reference the native module matches."""
     words = content_words(text, cfg)
     vocab, ids, first = _vocabulary(words)
     vocab_hashes = _hashes(vocab)

@@ -44,11 +44,23 @@ GOLDEN = {
 }
 
 
+@pytest.fixture(params=["native", "python"])
+def fingerprint_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The golden values hold for both ways of computing fingerprints (``native/``)."""
+    import worker.fingerprint
+
+    if request.param == "python":
+        monkeypatch.setattr(worker.fingerprint, "native", lambda: None)
+    elif worker.fingerprint.native() is None:
+        pytest.skip("neardup-native is not installed")
+    return str(request.param)
+
+
 def test_hash64_is_murmur3_x64_first_half() -> None:
     assert hash64("近日") == GOLDEN["hash64"]
 
 
-def test_golden_fingerprints() -> None:
+def test_golden_fingerprints(fingerprint_path: str) -> None:
     assert fp_of(ARTICLES["rail"]) == GOLDEN["rail"]
 
 
@@ -58,7 +70,7 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def test_golden_period_strings_sketch_and_index_keys() -> None:
+def test_golden_period_strings_sketch_and_index_keys(fingerprint_path: str) -> None:
     # what the index stores beside the SimHash: the period-string postings, the 5-gram
     # sketch, the bucket and posting keys and a bucket's entry layout
     from worker.fingerprint import Fingerprints
