@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import io
 import os
 import re
+import sys
 import tempfile
 import zipfile
 from collections import Counter
@@ -287,12 +289,21 @@ def _save_lexicon(path: Path, lexicon: tuple[U64, npt.NDArray[np.float64], float
     """Write the copy atomically (a reader never sees half of one); a cache that cannot
     be written (a read-only home, a full disk) only costs the next run the derivation."""
     keys, weights, median = lexicon
+    buffer = io.BytesIO()
+    np.savez(buffer, keys=keys, weights=weights, median=np.float64(median))
+    _save_atomically(path, buffer.getvalue())
+
+
+def _save_atomically(path: Path, data: bytes) -> None:
+    """Write a cached copy whole or not at all (a reader never sees half of one); a cache
+    that cannot be written (a read-only home, a full disk) only costs the next run the
+    derivation."""
     tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, keys=keys, weights=weights, median=np.float64(median))
+            fh.write(data)
         os.replace(tmp, path)
         tmp = None
     except OSError:
@@ -523,6 +534,8 @@ def resemblance(a: bytes, n_a: int, b: bytes, n_b: int, k: int) -> tuple[float, 
     return jac, min(1.0, inter / max(1, min(n_a, n_b)))
 
 
+#: Bump whenever ``char_classes``'s derivation changes: it keys the copy kept on disk.
+_CLASSES_FORMAT = 1
 #: Bits of ``char_classes``, as the native module reads them.
 _WORD, _ALNUM, _DECIMAL, _SPACE, _DIGIT = 1, 2, 4, 8, 16
 
@@ -533,8 +546,25 @@ def char_classes() -> bytes:
 
     Made from the very regexes and predicates of the Python path, so the native path
     classifies every character as this Python does, whatever Unicode version Rust's
-    tables have. About 0.1 s of CPU, once a process (the sandbox's zygote, for its
-    workers)."""
+    tables have. Deriving it costs about 0.13 s of CPU, so a copy is kept in the cache
+    directory (``cache_dir``) keyed by this Python's exact build, which fixes its Unicode
+    database and its regex engine; a copy whose checksum fails is derived again."""
+    directory = cache_dir()
+    key = hashlib.sha256(f"{_CLASSES_FORMAT} {sys.version}".encode()).hexdigest()[:32]
+    path = directory / f"chars-{key}.bin" if directory else None
+    if path is not None:
+        with contextlib.suppress(OSError):
+            data = path.read_bytes()
+            table, digest = data[:-32], data[-32:]
+            if len(table) == 0x110000 and hashlib.sha256(table).digest() == digest:
+                return table
+    table = _derive_char_classes()
+    if path is not None:
+        _save_atomically(path, table + hashlib.sha256(table).digest())
+    return table
+
+
+def _derive_char_classes() -> bytes:
     # every code point in order, lone surrogates too (a sixth of the time of a join)
     every = np.arange(0x110000, dtype="<u4").tobytes().decode("utf-32-le", "surrogatepass")
     classes = np.zeros(0x110000, dtype=np.uint8)

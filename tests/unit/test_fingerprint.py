@@ -315,6 +315,34 @@ def test_lexicon_cache_round_trip_and_recovery(
         fp._lexicon.cache_clear()
 
 
+def test_char_classes_cache_round_trip_and_recovery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The character classes kept on disk are the derived ones; a damaged copy (cut
+    short, or a byte changed: the checksum) is derived again and rewritten; a cache that
+    cannot be written costs only the derivation."""
+    from worker import fingerprint as fp
+
+    derived = fp._derive_char_classes()
+    monkeypatch.setenv("NEARDUP_CACHE_DIR", str(tmp_path / "cache"))
+    assert fp.char_classes() == derived  # derived, then written
+    (copy,) = (tmp_path / "cache").glob("chars-*.bin")
+    with monkeypatch.context() as m:
+        m.setattr(fp, "_derive_char_classes", lambda: pytest.fail("derived, not loaded"))
+        assert fp.char_classes() == derived  # loaded from the copy
+    whole = copy.read_bytes()
+    changed = bytearray(whole)
+    changed[ord("中")] ^= 1
+    for damage in (whole[:1000], bytes(changed), b""):
+        copy.write_bytes(damage)
+        assert fp.char_classes() == derived
+        assert copy.read_bytes() == whole  # rewritten whole
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("NEARDUP_CACHE_DIR", str(blocker / "cache"))
+    assert fp.char_classes() == derived
+
+
 def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from worker.fingerprint import cache_dir
 
