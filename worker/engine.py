@@ -33,7 +33,7 @@ from worker.fingerprint import (
     Fingerprints,
     fingerprint,
     hash64,
-    period_strings,
+    period_hashes,
 )
 from worker.index import KVIndex, make_entry
 from worker.normalise import normalise_many
@@ -276,8 +276,7 @@ def internal_rejection(page: RawPage, exc: Exception) -> Rejected:
 def prose_strings(prose: str, cfg: EngineConfig) -> tuple[int, ...]:
     """Hashed period strings of a page's prose, normalised (``normalise``) like its main
     text."""
-    strings = {hash64(s) for s in period_strings(prose, cfg.period_len)}
-    return tuple(sorted(strings)[:MAX_PROSE_STRINGS])
+    return tuple(period_hashes(prose, cfg.period_len)[:MAX_PROSE_STRINGS])
 
 
 def conflicts_with(decision: Mapping[str, Any], a: Analysed) -> bool:

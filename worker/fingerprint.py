@@ -166,6 +166,17 @@ def period_strings(text: str, length: int) -> list[str]:
     return [c[-length:] for piece in pieces[:-1] if (c := _NOT_CONTENT.sub("", piece))]
 
 
+def period_hashes(text: str, length: int) -> list[int]:
+    """The sorted, distinct ``hash64`` of the period strings of ``text``."""
+    fast = native()
+    if fast is not None:
+        try:
+            return fast.period_hashes(text, length)
+        except UnicodeEncodeError:  # a lone surrogate: hash64 takes it, Rust's str does not
+            pass
+    return sorted({hash64(s) for s in period_strings(text, length)})
+
+
 @lru_cache(maxsize=2)
 def segmenter(name: str) -> Callable[[str], list[str]]:
     """The word segmenter named in the config. Both share jieba's dictionary."""
@@ -588,6 +599,8 @@ class Native(Protocol):
         self, text: str, keywords: int, window: int, period_len: int, shingle_chars: int,
         sketch_size: int,
     ) -> tuple[int, int, list[int], int, int, bytes, bytes, bytes, bytes]: ...  # fmt: skip
+
+    def period_hashes(self, text: str, period_len: int) -> list[int]: ...
 
 
 @lru_cache(maxsize=1)

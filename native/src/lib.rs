@@ -259,7 +259,8 @@ impl Fingerprinter {
         let fp2 = simhash(&windowed);
 
         // period pieces, their strings and the character 5-grams
-        let (piece_strings, codes, piece_chars) = self.pieces(text, period_len);
+        let (pieces, codes, piece_chars) = self.pieces(text, period_len);
+        let piece_strings: Vec<u64> = pieces.iter().map(|s| s.unwrap_or(0)).collect();
         let shingle_hashes: Vec<u32> = if codes.is_empty() {
             Vec::new()
         } else {
@@ -293,9 +294,10 @@ impl Fingerprinter {
         }
     }
 
-    /// `fingerprint.piece_features`: each piece's period-string hash, the code points of
-    /// the text's letters, digits and ideographs, and each piece's count of them.
-    fn pieces(&self, text: &str, period_len: usize) -> (Vec<u64>, Vec<u32>, Vec<u32>) {
+    /// `fingerprint.piece_features`: each piece's period-string hash (None for the last
+    /// piece and empty ones), the code points of the text's letters, digits and
+    /// ideographs, and each piece's count of them.
+    fn pieces(&self, text: &str, period_len: usize) -> (Vec<Option<u64>>, Vec<u32>, Vec<u32>) {
         let mut strings = Vec::new();
         let mut codes: Vec<u32> = Vec::with_capacity(text.len() / 3);
         let mut lengths = Vec::new();
@@ -307,7 +309,7 @@ impl Fingerprinter {
             let content = &codes[start..];
             lengths.push(content.len() as u32);
             strings.push(if last || content.is_empty() {
-                0
+                None
             } else {
                 piece.clear();
                 // Python's c[-period_len:], which is the whole of c for 0
@@ -317,7 +319,7 @@ impl Fingerprinter {
                     content.len().saturating_sub(period_len)
                 };
                 piece.extend(content[from..].iter().map(|&c| char::from_u32(c).unwrap()));
-                murmur64(piece.as_bytes())
+                Some(murmur64(piece.as_bytes()))
             });
         };
         while let Some(c) = chars.next() {
@@ -382,6 +384,22 @@ impl Fingerprinter {
             lexicon: keys.zip(weights).collect(),
             median_idf,
             classes,
+        })
+    }
+
+    /// The sorted, distinct hashes of the period strings of ``text``:
+    /// ``{hash64(s) for s in fingerprint.period_strings(text, period_len)}``.
+    fn period_hashes(&self, py: Python<'_>, text: &str, period_len: usize) -> Vec<u64> {
+        py.allow_threads(|| {
+            let mut hashes: Vec<u64> = self
+                .pieces(text, period_len)
+                .0
+                .into_iter()
+                .flatten()
+                .collect();
+            hashes.sort_unstable();
+            hashes.dedup();
+            hashes
         })
     }
 

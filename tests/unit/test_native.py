@@ -113,6 +113,14 @@ def test_a_lone_surrogate_is_refused_both_ways() -> None:
 
 
 @settings(max_examples=300, deadline=None)
+@given(texts, st.integers(1, 12))
+@example("近日\ud800，市民表示。地铁开通了。", 10)  # a lone surrogate: the Python way
+def test_period_hashes_are_the_hashed_period_strings(text: str, length: int) -> None:
+    expected = sorted({fpmod.hash64(s) for s in fpmod.period_strings(text, length)})
+    assert fpmod.period_hashes(text, length) == expected
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=80))
 def test_murmur64_is_mmh3_hash64(data: bytes) -> None:
     expected = mmh3.hash64(data, seed=0, x64arch=True, signed=False)[0]
