@@ -3,8 +3,22 @@
 # Every third-party dependency with native code (numpy, rjieba, rocksdict, opencc,
 # selectolax, lxml, aiokafka, faust-streaming) ships a manylinux wheel whose only system
 # libraries (libc, libstdc++, libgcc_s, zlib) are already in the slim image, and jieba is
-# pure Python; so neither stage installs apt packages or a compiler.
+# pure Python; so neither of the last two stages installs apt packages or a compiler.
+# The first builds neardup's own Rust module (native/) into a wheel, on the same Debian
+# release, with Debian's Python 3.11 (the wheel is abi3, for CPython >= 3.11).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG RUST_IMAGE=rust:1-slim-bookworm
+
+FROM ${RUST_IMAGE} AS native
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/wheel
+COPY native/Cargo.toml native/Cargo.lock native/pyproject.toml ./native/
+COPY native/src ./native/src
+# pip builds it with maturin (native/pyproject.toml), fetched from PyPI, and the crates
+# pinned by native/Cargo.lock, fetched from crates.io
+RUN /opt/wheel/bin/pip wheel --no-cache-dir ./native -w /wheels
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -15,8 +29,10 @@ WORKDIR /src
 COPY pyproject.toml README.md requirements.lock ./
 COPY schemas ./schemas
 COPY worker ./worker
-RUN /opt/neardup/bin/pip install ".[kafka]" -c requirements.lock \
-    && /opt/neardup/bin/python -c "import worker.settings, worker.produce, rocksdict, rjieba"
+COPY --from=native /wheels /wheels
+RUN /opt/neardup/bin/pip install ".[kafka]" /wheels/*.whl -c requirements.lock \
+    && /opt/neardup/bin/python -c "import worker.settings, worker.produce, rocksdict, rjieba" \
+    && /opt/neardup/bin/python -c "from worker.fingerprint import native; assert native()"
 
 FROM ${PYTHON_IMAGE}
 # A fixed numeric uid lets Kubernetes check runAsNonRoot without looking inside the image.
