@@ -98,11 +98,11 @@ _CHUNK = 1 << 20
 _REPLY_READ = 1 << 16  # a result frame is about 10 KiB on a news page
 _CONTROL_BYTES = 1 << 16  # one control message (a config, a pid, an exit status)
 # Environment the zygote keeps: nothing a page could leak (broker credentials live in
-# other NEARDUP_* variables), only what Python, numpy and jieba need, and where the
-# lexicon is cached (``fingerprint.cache_dir``).
+# other NEARDUP_* variables), only what Python, numpy and jieba need, where the lexicon
+# is cached (``fingerprint.cache_dir``), and whether to use the native fingerprints.
 _ENV_KEEP = (
     "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "PYTHONHASHSEED",
-    "NEARDUP_CACHE_DIR", "XDG_CACHE_HOME",
+    "NEARDUP_CACHE_DIR", "XDG_CACHE_HOME", "NEARDUP_NATIVE",
 )  # fmt: skip
 _WARMUP = RawPage(
     "warmup",

@@ -695,7 +695,29 @@ def test_sandbox_worker_holds_no_credentials(monkeypatch: pytest.MonkeyPatch) ->
     sandbox_module._Shared.shutdown()
     names = {entry.partition(b"=")[0] for entry in environ.split(b"\0") if entry}
     assert b"hunter2-secret" not in environ
-    assert {n for n in names if n.startswith(b"NEARDUP_")} <= {b"NEARDUP_CACHE_DIR"}
+    assert {n for n in names if n.startswith(b"NEARDUP_")} <= {
+        b"NEARDUP_CACHE_DIR",
+        b"NEARDUP_NATIVE",
+    }
+
+
+def test_sandbox_worker_follows_neardup_native(
+    monkeypatch: pytest.MonkeyPatch, rng: random.Random
+) -> None:
+    """NEARDUP_NATIVE=0 turns the native fingerprints off in the sandbox's worker too,
+    which analyses every page: its zygote keeps the variable."""
+    from worker import sandbox as sandbox_module
+
+    monkeypatch.setenv("NEARDUP_NATIVE", "0")
+    sandbox_module._Shared.shutdown()
+    try:
+        with Sandbox(CFG) as sandbox:
+            assert not isinstance(sandbox.analyse(_page(page_html(inputs.article(rng)))), Rejected)
+            assert sandbox._worker is not None
+            environ = Path(f"/proc/{sandbox._worker.pid}/environ").read_bytes()
+    finally:
+        sandbox_module._Shared.shutdown()
+    assert b"NEARDUP_NATIVE=0" in environ.split(b"\0")
 
 
 def test_sandbox_in_a_forked_process_starts_its_own(rng: random.Random) -> None:
