@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -603,16 +604,29 @@ class Native(Protocol):
     def period_hashes(self, text: str, period_len: int) -> list[int]: ...
 
 
+#: The ``neardup_native.FORMAT`` this module was written against: a module built from
+#: other sources (an old build left installed) computes what those sources did.
+NATIVE_FORMAT = 1
+
+
 @lru_cache(maxsize=1)
 def native() -> Native | None:
     """The native fingerprinter (``native/``, the ``neardup-native`` package), or None
-    when it is not installed or ``NEARDUP_NATIVE=0``. Immutable once made, as the
-    tables it is made from."""
+    when it is not installed, is of another format (with a warning), or
+    ``NEARDUP_NATIVE=0``. Immutable once made, as the tables it is made from."""
     if os.environ.get("NEARDUP_NATIVE", "1") == "0":
         return None
     try:
-        from neardup_native import Fingerprinter
+        from neardup_native import FORMAT, Fingerprinter
     except ImportError:
+        return None
+    if FORMAT != NATIVE_FORMAT:
+        warnings.warn(
+            f"neardup-native is of format {FORMAT}, this neardup needs {NATIVE_FORMAT}: "
+            "fingerprints are computed in Python (run scripts/setup.sh to rebuild it)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     keys, weights, median_idf = _lexicon()
     made: Native = Fingerprinter(

@@ -366,7 +366,7 @@ impl Fingerprinter {
                 "classes: one byte for each code point",
             ));
         }
-        if !lexicon_keys.len().is_multiple_of(8) || lexicon_keys.len() != lexicon_weights.len() {
+        if lexicon_keys.len() % 8 != 0 || lexicon_keys.len() != lexicon_weights.len() {
             return Err(PyValueError::new_err(
                 "lexicon: as many u64 keys as f64 weights",
             ));
@@ -465,8 +465,13 @@ impl Fingerprinter {
     }
 }
 
+/// Bumped with every change to what `Fingerprinter` computes: `worker/fingerprint.py`
+/// uses a module only of the format it was written against.
+const FORMAT: u32 = 1;
+
 #[pymodule]
 fn neardup_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("FORMAT", FORMAT)?;
     m.add_class::<Fingerprinter>()?;
     Ok(())
 }

@@ -104,6 +104,20 @@ def test_period_len_zero_takes_the_whole_piece_as_python_slicing_does() -> None:
     assert raw[6] == strings.astype("<u8").tobytes()
 
 
+def test_a_module_of_another_format_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    import neardup_native
+
+    monkeypatch.setattr(neardup_native, "FORMAT", fpmod.NATIVE_FORMAT + 1)
+    fpmod.native.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="format"):
+            assert fpmod.native() is None
+    finally:
+        monkeypatch.undo()
+        fpmod.native.cache_clear()
+    assert fpmod.native() is not None
+
+
 def test_a_lone_surrogate_is_refused_both_ways() -> None:
     # not UTF-8: rjieba refuses it, and so does the native module (decode replaces them)
     text = "近日，市民表示\ud800地铁开通了。"
