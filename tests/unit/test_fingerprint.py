@@ -52,7 +52,7 @@ def fingerprint_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     if request.param == "python":
         monkeypatch.setattr(worker.fingerprint, "native", lambda: None)
     elif worker.fingerprint.native() is None:
-        pytest.skip("neardup-native is not installed")
+        pytest.skip("neardup-native is not installed, or NEARDUP_NATIVE=0")
     return str(request.param)
 
 

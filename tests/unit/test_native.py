@@ -29,7 +29,7 @@ if native() is None:
             "NEARDUP_EXPECT_NATIVE=1 but neardup-native is not installed (scripts/setup.sh "
             "builds it where cargo is on PATH)"
         )
-    pytest.skip("neardup-native is not installed", allow_module_level=True)
+    pytest.skip("neardup-native is not installed, or NEARDUP_NATIVE=0", allow_module_level=True)
 
 NATIVE = native()
 
