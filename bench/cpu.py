@@ -32,12 +32,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import DATA, ROOT
 
 
-def run(checkout: Path, pages: Path, out: Path) -> tuple[float, float, int]:
-    """(CPU seconds of the process tree, wall seconds, pages decided or rejected)."""
+def run(
+    checkout: Path, pages: Path, out: Path, extra: tuple[str, ...] = ()
+) -> tuple[float, float, int]:
+    """(CPU seconds of the process tree, wall seconds, pages decided or rejected) of
+    ``neardup dedup`` with ``extra`` arguments."""
     state = out.with_suffix(".state")
     shutil.rmtree(state, ignore_errors=True)
     cmd = [sys.executable, "-m", "worker.cli", "dedup", str(pages), "--out", str(out),
-           "--state", str(state)]  # fmt: skip
+           "--state", str(state), *extra]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, check=False)

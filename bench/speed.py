@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +44,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DATA, raw_lines
+from bench.common import DATA, ROOT, raw_lines
+from bench.cpu import run as run_cli
 from bench.extraction import PARSE_ONLY, load_pages, time_all
 from tests.integration.helpers import tree_cpu
 from worker.config import EngineConfig
@@ -74,24 +73,6 @@ def run_neardup(
     engine.close()
     size = RocksKV(state).approximate_size()
     return elapsed, cpu, engine, size
-
-
-def run_command(pages: Path, state: str) -> tuple[float, float, int]:
-    """(wall seconds, CPU seconds, pages) of ``neardup dedup`` in one process over the
-    file ``pages``, start-up included."""
-    shutil.rmtree(state, ignore_errors=True)
-    cmd = [sys.executable, "-m", "worker.cli", "dedup", str(pages), "--out", os.devnull,
-           "--state", state, "--set", "extract_timeout_s=0"]  # fmt: skip
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    shutil.rmtree(state, ignore_errors=True)
-    if done.returncode not in (0, 3):
-        raise SystemExit(f"{cmd} failed ({done.returncode}):\n{done.stderr}")
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return wall, cpu, int(done.stderr.split("neardup: ", 1)[1].split()[0])
 
 
 def run_reference(lines: list[bytes], cfg: EngineConfig) -> tuple[float, float]:
@@ -135,6 +116,7 @@ def main() -> None:
     print(f"{len(lines)} pages, mean raw-page line {mb:.0f} KiB; cpu count {os.cpu_count()}")
     # warm all: jieba's and rjieba's dictionaries, the IDF table, OpenCC, trafilatura
     state = tempfile.mkdtemp(prefix="neardup-bench-")
+    command_dir = tempfile.mkdtemp(prefix="neardup-bench-command-")
     for cfg in arms.values():
         run_neardup(lines[:20], cfg, state)
     run_reference(lines[:20], EngineConfig())
@@ -158,7 +140,10 @@ def main() -> None:
         clock["reference"].append(len(lines) / elapsed)
         per_cpu["reference"].append(len(lines) / cpu)
         if not args.no_command:
-            elapsed, cpu, pages = run_command(args.data / "pages.jsonl.gz", state)
+            cpu, elapsed, pages = run_cli(
+                ROOT, args.data / "pages.jsonl.gz", Path(command_dir) / "out.jsonl",
+                ("--set", "extract_timeout_s=0"),
+            )  # fmt: skip
             clock[command].append(pages / elapsed)
             per_cpu[command].append(pages / cpu)
         if issue_pages:
@@ -225,6 +210,7 @@ def main() -> None:
         f"{size / max(decided, 1):.0f} bytes per page (after close; WAL and SST files)"
     )
     shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(command_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
