@@ -14,6 +14,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/wheel
+WORKDIR /src
 COPY native/Cargo.toml native/Cargo.lock native/pyproject.toml ./native/
 COPY native/src ./native/src
 # pip builds it with maturin (native/pyproject.toml), fetched from PyPI, and the crates

@@ -264,11 +264,12 @@ impl Fingerprinter {
         let shingle_hashes: Vec<u32> = if codes.is_empty() {
             Vec::new()
         } else {
-            let n = shingle_chars.min(codes.len());
-            (0..codes.len() - n + 1)
+            // the text's own length when it is shorter than a shingle: one shingle
+            let width = shingle_chars.min(codes.len());
+            (0..codes.len() - width + 1)
                 .map(|start| {
                     let mut h = u64::from(codes[start]);
-                    for &c in &codes[start + 1..start + n] {
+                    for &c in &codes[start + 1..start + width] {
                         h = h.wrapping_mul(SHINGLE_MULT).wrapping_add(u64::from(c));
                     }
                     (mix(h) >> 32) as u32
