@@ -296,6 +296,17 @@ def without_template(a: Analysed, template: set[int], cfg: EngineConfig) -> Anal
     return replace(a, fps=fps, template_only=only)
 
 
+def for_decision(a: Analysed) -> Analysed:
+    """``a`` without what only the template filter reads: the per-piece data of its
+    fingerprints and the prose's period strings. What the stages after the filter keep of
+    a page (the worker's pages in flight are stored so): the decision reads neither."""
+    fps = a.fps
+    if not (fps.piece_strings or fps.shingle_hashes or fps.piece_chars or a.prose_strings):
+        return a
+    slim = replace(fps, piece_strings=b"", shingle_hashes=b"", piece_chars=b"")
+    return replace(a, fps=slim, prose_strings=())
+
+
 def decision_message(
     a: Analysed,
     best: Match | None,

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -332,6 +333,35 @@ def test_journal_writes_the_page_record_last_and_redoes_a_cut_page() -> None:
     assert not JournalKV(ScanMemoryKV()).redo_last()
 
 
+def test_unjournaled_puts_go_before_the_journal_and_a_redo_never_undoes_them() -> None:
+    """A pending page is written once, before its step's journal value and not in it;
+    a step of such puts alone still writes a journal value (with no ops), so the last
+    journal is never older than them: redoing it cannot undo a later one of them."""
+    inner = ScanMemoryKV()
+    batches: list[list[bytes]] = []
+    real_write = inner.write
+
+    def recorded(records: Any, prefixes: Any = ()) -> None:
+        batches.append([k for k, _ in records])
+        real_write(records, prefixes)
+
+    inner.write = recorded  # type: ignore[method-assign]
+    kv = JournalKV(inner)
+    kv.delete_many([b"Qpage"])  # an older step took the page out of the pending set
+    kv.apply(3)
+    kv.put_unjournaled([(b"Qpage", b"big value")])  # the page read again, pending again
+    kv.put_many([(b"R", b"progress")])
+    kv.apply(0)
+    assert batches[-1] == [b"Qpage", JOURNAL_KEY, b"R"]  # one batch, in that order
+    _, ops = decode_ops(inner.data[JOURNAL_KEY])
+    assert ops == [(0, b"R", b"progress")]  # the value is not in the journal
+    kv.put_unjournaled([(b"Qother", b"v")])
+    kv.apply(0)
+    assert decode_ops(inner.data[JOURNAL_KEY]) == (0, [])
+    assert JournalKV(inner).redo_last()  # at a restart: nothing to undo them with
+    assert inner.data[b"Qpage"] == b"big value" and inner.data[b"Qother"] == b"v"
+
+
 class _Table(dict):  # type: ignore[type-arg]
     """A Faust table on a memory store, as far as ``TableKV`` looks."""
 
@@ -628,6 +658,25 @@ def test_routed_topology_decides_like_the_engine(
     for a in gold:
         assert sim.stage.engine.cluster_of(a.page.page_id) == eng.cluster_of(a.page.page_id)
     assert not sim.stage.flights
+
+
+def test_pages_in_flight_are_stored_without_what_only_the_template_filter_reads(
+    gold: list[Analysed],
+) -> None:
+    from worker.kafka.route import _FLIGHT
+
+    sim = RoutedSim(2, random.Random(3))
+    for i, a in enumerate(gold[:6]):  # the probes are never answered: they stay in flight
+        sim.sequencer(wire.PageMsg(0, i, 1, a))
+    stored = [orjson.loads(v) for _, v in sim.kv.scan(_FLIGHT)]
+    assert len(stored) == len(sim.stage.flights) >= 3
+    assert any(a.fps.shingle_hashes and a.prose_strings for a in gold[:6])
+    for obj in stored:
+        flight = wire.analysed_from_json(obj["a"])
+        assert flight.fps.sketch and flight.fps.strings  # what the decision reads
+        fps = flight.fps
+        assert not (fps.shingle_hashes or fps.piece_strings or fps.piece_chars)
+        assert flight.prose_strings == ()
 
 
 def test_a_probe_sent_again_answers_the_same_and_adds_once(gold: list[Analysed]) -> None:

@@ -72,6 +72,7 @@ class JournalKV:
     def __init__(self, inner: ScanKV) -> None:
         self.inner = inner
         self._ops: list[Op] = []
+        self._early: list[tuple[bytes, bytes | None]] = []
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         return self.inner.get_many(keys)
@@ -81,6 +82,15 @@ class JournalKV:
 
     def delete_many(self, keys: Iterable[bytes]) -> None:
         self._ops.extend((_DELETE, k, None) for k in keys)
+
+    def put_unjournaled(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        """Puts held until ``apply``, which writes them before the journal value and
+        leaves them out of it: a large value is then not written twice. A crash may leave
+        them in the changelog without the rest of their step, and ``redo_last`` never
+        writes them again, so this is only for a write that the input which caused it,
+        not committed until the step is flushed, makes again when it is read again (the
+        sequencer's pending pages)."""
+        self._early.extend(items)
 
     def delete_prefix(self, prefix: bytes) -> None:
         self._ops.append((_DELETE_PREFIX, prefix, None))
@@ -96,19 +106,22 @@ class JournalKV:
         return self.inner.scan(prefix)
 
     def close(self) -> None:
-        self._ops.clear()
+        self.discard()
         self.inner.close()
 
     def discard(self) -> None:
         self._ops.clear()
+        self._early.clear()
 
     def apply(self, tag: int) -> None:
-        """Write the journal, then the held writes (the page record last), in one batch."""
+        """Write the unjournaled puts, the journal, then the held writes (the page record
+        last), in one batch."""
         ops = _ordered(self._ops)
-        self._ops = []
-        if not ops:
-            return
-        self._write(ops, [(JOURNAL_KEY, encode_ops(tag, ops))])
+        early, self._ops, self._early = self._early, [], []
+        if ops or early:
+            # a journal value even with no ops: the last one is never older than a write
+            # made without one, which ``redo_last`` would otherwise undo
+            self._write(ops, [*early, (JOURNAL_KEY, encode_ops(tag, ops))])
 
     def redo_last(self) -> bool:
         """Rewrite the last journalled step (at start-up: a crash may have cut it short).

@@ -358,7 +358,8 @@ class DecideStage:
             if math.isfinite(arrived):
                 pending["in"] = arrived
             value = orjson.dumps(pending)
-            self.journal.put_many([(_PENDING + key_bytes(key), value)])
+            # the sequencer message is read again if a crash cuts this step short
+            self.journal.put_unjournaled([(_PENDING + key_bytes(key), value)])
         self.journal.apply(0)
         if stored is not None:  # decided before: redelivered, or crawled again
             self.counts.repeated += 1
