@@ -100,6 +100,11 @@ class Settings(BaseSettings):
     #: (NEARDUP_MAX_BACKLOG; 0: never). It puts the pages already analysed before new
     #: ones when the broker or a quota is the bottleneck.
     max_backlog: int = Field(default=2000, ge=0, le=10_000_000)
+    #: What the sequencer weighs, in raw partitions' worth of work per raw partition
+    #: (NEARDUP_SEQUENCER_WEIGHT): its CPU a page against the rest of a page's CPU on a
+    #: worker. The worker that runs it is given fewer raw partitions, as long as that
+    #: evens the load (``worker.kafka.assign``); 0 deals them out evenly.
+    sequencer_weight: float = Field(default=0.4, ge=0, le=100)
     #: Memory for the RocksDB databases of all the worker's table partitions together,
     #: in MiB (NEARDUP_ROCKSDB_MEMORY_MB): one block cache, the memtables charged to it
     #: (``worker.kafka.rocksmem``), in place of Faust's defaults, which give each

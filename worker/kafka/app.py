@@ -41,7 +41,7 @@ from typing import Any, cast
 import faust
 
 from worker.engine import Analysed, Stats
-from worker.kafka import dump, faustfix, freshness, rocksmem, wire
+from worker.kafka import assign, dump, faustfix, freshness, rocksmem, wire
 from worker.kafka.absent import Absent
 from worker.kafka.http import serve
 from worker.kafka.inorder import Hole, Order, in_order
@@ -244,6 +244,9 @@ class Worker:
             producer_max_batch_size=PRODUCER_BATCH_BYTES,
             # from the start: a worker's first assignment restores its tables
             consumer_max_fetch_size=RESTORE_FETCH_BYTES,
+            PartitionAssignor=assign.assignor(
+                self.names.raw, self.names.sequence, settings.sequencer_weight
+            ),
             web_enabled=False,
             autodiscover=False,
             stream_wait_empty=False,
