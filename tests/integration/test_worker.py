@@ -104,6 +104,11 @@ def test_a_second_worker_joining_takes_partitions_and_changes_no_decision(
         return bool(mine and theirs) and not mine & theirs and mine | theirs == {"0", "1", "2", "3"}
 
     d.wait(split, DEADLINE, "the raw partitions' lag reported once each, by their holders")
+    # and the worker that runs the sequencer holds fewer of them (worker.kafka.assign): with
+    # the default weight, 4 raw partitions and 2 workers, 1 and 3
+    assert sorted(len(lag_partitions(w)) for w in (first, second)) == [1, 3]
+    logs = "".join(w.log.read_text(errors="replace") for w in (first, second))
+    assert "raw partitions moved off the sequencer's worker" in logs
 
 
 def _metrics(w: Any) -> str:
