@@ -8,6 +8,10 @@ them, tagged with the page's pid. The page record, which marks a page as decided
 written last. A page found without its record but named by the journal is redone from
 the journal (absolute writes, so redoing is idempotent) instead of being decided again:
 decided again, it would count in its host's template statistics twice.
+
+The one exception is ``put_unjournaled``: a value written just before a journal value
+and left out of it (a pending page, several KiB that the journal would otherwise hold a
+second time), for a write that its input, read again after a crash, makes again.
 """
 
 from __future__ import annotations
@@ -126,8 +130,9 @@ class JournalKV:
     def redo_last(self) -> bool:
         """Rewrite the last journalled step (at start-up: a crash may have cut it short).
 
-        Every write to the store goes through the journal, so nothing has overwritten
-        the last step's keys since, and its writes, being absolute, can be made again."""
+        Every write to the store goes through the journal or comes just before a journal
+        value in the same batch (``put_unjournaled``), so nothing has overwritten the last
+        step's keys since, and its writes, being absolute, can be made again."""
         (raw,) = self.inner.get_many([JOURNAL_KEY])
         if raw is None:
             return False
