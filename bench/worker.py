@@ -3,6 +3,7 @@ nothing.
 
     .venv/bin/python bench/worker.py [--bootstrap HOST:PORT] [--limit N] [--partitions 4]
         [--topology routed|sequential] [--recovery-pages 100000] [--rounds 1] [--pin]
+        [--passes 1]
 
 Without ``--bootstrap`` (or KAFKA_BOOTSTRAP_SERVERS) it starts scripts/kafka-local.sh on
 free loopback ports and stops it at the end. It measures, in one run:
@@ -11,8 +12,13 @@ free loopback ports and stops it at the end. It measures, in one run:
   and in RocksDB (``--state``, like the worker's): pages/s and CPU a page;
 * throughput of 1 worker and of 2 workers (separate processes): the raw topic is filled
   first, then the rate is taken over the window after every worker is ready, so that
-  start-up and the first rebalance are left out; with ``--rounds N`` the engine, 1 worker
-  and 2 workers run in turn N times, and the medians are printed;
+  start-up is left out; with ``--rounds N`` the engine, 1 worker and 2 workers run in
+  turn N times, and the medians are printed. ``--passes P`` puts the pages through P
+  times (each pass under new ids, two days later), engine and workers alike, so that the
+  pipeline's filling at the start and draining at the end, the same few seconds for one
+  worker and for two, weigh less in the rate. With ``--pin`` and the broker's pid known,
+  one worker also runs with the broker on its core: one worker alone otherwise has the
+  broker's CPU on the other core for free, two share both cores with it;
 * end-to-end latency (produce to decision read back) at half the 1-worker capacity;
 * recovery: one worker indexes ``--recovery-pages`` pages (the dev pages again and again
   under new ids), is SIGKILLed mid-stream and restarted on its state directory; the time
@@ -27,6 +33,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+import math
 import os
 import shutil
 import statistics
@@ -240,14 +247,30 @@ class Run:
         self.collector.close()
 
 
-def pin_tree(root: int, cpu: int) -> None:
-    """Every thread of a process and of its descendants now alive onto one core (threads
-    and processes started later inherit it from the one that starts them)."""
+def pin_tree(root: int, cpu: int | set[int]) -> None:
+    """Every thread of a process and of its descendants now alive onto one core, or a set
+    of cores (threads and processes started later inherit it from the one that starts
+    them)."""
+    cpus = {cpu} if isinstance(cpu, int) else cpu
     for pid in tree_pids(root):
         with contextlib.suppress(OSError):  # ended while we looked
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with contextlib.suppress(OSError):
-                    os.sched_setaffinity(int(tid), {cpu})
+                    os.sched_setaffinity(int(tid), cpus)
+
+
+@contextlib.contextmanager
+def broker_on(broker_pid: int | None, cpu: int | None) -> Iterator[None]:
+    """The broker's threads on core ``cpu`` only for the block, then on every core again
+    (``cpu`` or ``broker_pid`` None: nothing changes)."""
+    if broker_pid is None or cpu is None:
+        yield
+        return
+    pin_tree(broker_pid, cpu)
+    try:
+        yield
+    finally:
+        pin_tree(broker_pid, set(range(os.cpu_count() or 1)))
 
 
 def throughput(
@@ -260,47 +283,57 @@ def throughput(
     topology: str,
     pin: bool = False,
     broker_pid: int | None = None,
+    broker_core: int | None = None,
 ) -> Rate:
     """Pages/s of ``n_workers`` workers on the clock, and their CPU a page (see ``Rate``).
-    ``pin``: worker i (with its sandbox child) on core i only."""
+    ``pin``: worker i (with its sandbox child) on core i only. ``broker_core``: the broker
+    on that core only while the workers run (it produces the pages on every core)."""
     run = Run(bootstrap, tmp, parts, topology)
     try:
         produce(bootstrap, run.names.raw, lines)
-        workers = [run.worker(i).start() for i in range(n_workers)]
-        for i, w in enumerate(workers if pin else []):
-            if w.proc:  # pinned before it starts its threads and its sandbox, mostly
-                pin_tree(w.proc.pid, i % (os.cpu_count() or 1))
-        # the window starts when every worker has joined (or a page is out already)
-        wait_for(
-            lambda: all(w.get("/readyz") == 200 for w in workers) or run.outputs() > 0,
-            300,
-            "the workers to join",
-        )
-        for i, w in enumerate(workers if pin else []):
-            if w.proc:  # and again, for whatever started in between
-                pin_tree(w.proc.pid, i % (os.cpu_count() or 1))
-        t0, done0 = time.time(), run.answered()
-        meter = CpuMeter([w.proc.pid for w in workers if w.proc])
-        b0 = tree_cpu(broker_pid) if broker_pid else 0.0
-        # distinct pages: copies sent again after a rebalance must not make up for a page lost
-        wait_for(lambda: run.answered() >= len(lines), 3600, "every page out")
-        cpu, own = meter.stop()
-        broker = tree_cpu(broker_pid) - b0 if broker_pid else None
-        times = run.collector.times[run.names.decisions] + run.collector.times[run.names.rejects]
-        pages = len(lines) - done0
-        n = max(pages, 1)
-        return Rate(
-            pages / max(max(times) - t0, 1e-9),
-            cpu / n,
-            own / n,
-            None if broker is None else broker / n,
-        )
+        with broker_on(broker_pid, broker_core):
+            return _throughput(run, lines, n_workers, pin, broker_pid)
     except AssertionError:
         for w in run.workers:
             print(f"--- {w.log}\n{w.tail(30)}", file=sys.stderr)
         raise
     finally:
         run.close()
+
+
+def _throughput(
+    run: Run, lines: list[bytes], n_workers: int, pin: bool, broker_pid: int | None
+) -> Rate:
+    """``throughput``'s measurement, the raw topic filled."""
+    workers = [run.worker(i).start() for i in range(n_workers)]
+    for i, w in enumerate(workers if pin else []):
+        if w.proc:  # pinned before it starts its threads and its sandbox, mostly
+            pin_tree(w.proc.pid, i % (os.cpu_count() or 1))
+    # the window starts when every worker has joined (or a page is out already)
+    wait_for(
+        lambda: all(w.get("/readyz") == 200 for w in workers) or run.outputs() > 0,
+        300,
+        "the workers to join",
+    )
+    for i, w in enumerate(workers if pin else []):
+        if w.proc:  # and again, for whatever started in between
+            pin_tree(w.proc.pid, i % (os.cpu_count() or 1))
+    t0, done0 = time.time(), run.answered()
+    meter = CpuMeter([w.proc.pid for w in workers if w.proc])
+    b0 = tree_cpu(broker_pid) if broker_pid else 0.0
+    # distinct pages: copies sent again after a rebalance must not make up for a page lost
+    wait_for(lambda: run.answered() >= len(lines), 3600, "every page out")
+    cpu, own = meter.stop()
+    broker = tree_cpu(broker_pid) - b0 if broker_pid else None
+    times = run.collector.times[run.names.decisions] + run.collector.times[run.names.rejects]
+    pages = len(lines) - done0
+    n = max(pages, 1)
+    return Rate(
+        pages / max(max(times) - t0, 1e-9),
+        cpu / n,
+        own / n,
+        None if broker is None else broker / n,
+    )
 
 
 def latency(
@@ -407,6 +440,17 @@ def throughput_rounds(
             f"core {rocks.cpu / one.cpu:.0%} of the engine with RocksDB state, "
             f"{mem.cpu / one.cpu:.0%} with memory state"
         )
+        # One worker on core 0 leaves the broker the other core; two workers share both
+        # cores with it. One worker with the broker on its own core as well compares
+        # like with like: the ratio is then the workers' scaling, whatever the broker's
+        # CPU.
+        shared = None
+        if pin and kw.get("broker_pid"):
+            shared = throughput(bootstrap, tmp / f"t1s-{r}", lines, 1, pin=pin, broker_core=0, **kw)
+            print(
+                f"{head}worker x1, broker on its core: {shared.pages_s:7.1f} pages/s, "
+                f"{shared.split()}"
+            )
         two = throughput(bootstrap, tmp / f"t2-{r}", lines, 2, pin=pin, **kw)
         # With the broker on the same cores, two workers can make at most the cores
         # divided by the CPU a page of the workers and of the broker together.
@@ -420,7 +464,12 @@ def throughput_rounds(
         )
         print(
             f"{head}worker x2:              {two.pages_s:7.1f} pages/s, {two.split()}; "
-            f"x{two.pages_s / one.pages_s:.2f} one worker{bound}",
+            f"x{two.pages_s / one.pages_s:.2f} one worker{bound}"
+            + (
+                ""
+                if shared is None
+                else f"; x{two.pages_s / shared.pages_s:.2f} one worker with the broker on its core"
+            ),
             flush=True,
         )
         rows.append(
@@ -437,6 +486,10 @@ def throughput_rounds(
                 "per_core_mem": mem.cpu / one.cpu,
                 "scaling": two.pages_s / one.pages_s,
                 "bound": ceiling / one.pages_s if ceiling is not None else float("nan"),
+                "shared": shared.pages_s if shared is not None else float("nan"),
+                "scaling_shared": (
+                    two.pages_s / shared.pages_s if shared is not None else float("nan")
+                ),
             }
         )
     med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
@@ -450,6 +503,12 @@ def throughput_rounds(
             f"{med['per_core']:.0%} of the engine with RocksDB state "
             f"({med['per_core_mem']:.0%} with memory state), x{med['scaling']:.2f} for two "
             f"workers (at most x{med['bound']:.2f} with the broker's CPU on the same cores)"
+            + (
+                ""
+                if math.isnan(rows[0]["shared"])  # not measured
+                else f"; one worker with the broker on its core {med['shared']:.1f} pages/s, "
+                f"x{med['scaling_shared']:.2f} for two workers against it"
+            )
         )
     return med["one"]
 
@@ -475,6 +534,13 @@ def main() -> None:
     ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
     ap.add_argument("--data", type=Path, default=DATA / "neardup-dev")
     ap.add_argument("--limit", type=int, default=0, help="use the first N pages only")
+    ap.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="throughput over the pages this many times (each pass under new ids, two days "
+        "after the one before), so that the pipeline's filling and draining weigh less",
+    )
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--topology", choices=["routed", "sequential"], default="routed")
     ap.add_argument("--recovery-pages", type=int, default=100_000)
@@ -500,16 +566,20 @@ def main() -> None:
         "kafka.pid gives the broker's CPU a page (a broker of the bench's own: always)",
     )
     args = ap.parse_args()
+    if args.passes < 1:
+        ap.error("--passes must be 1 or more")
 
     lines = [ln.rstrip(b"\n") for ln in raw_lines(args.data / "pages.jsonl.gz")]
     if args.limit:
         lines = lines[: args.limit]
+    stream = lines + list(copies(lines, len(lines), args.passes * len(lines)))
     broker = None if args.bootstrap else local_broker()
     bootstrap = broker.bootstrap if broker is not None else args.bootstrap
     tmp = Path(tempfile.mkdtemp(prefix="neardup-bench-"))
     try:
         print(
-            f"{len(lines)} dev pages, broker {bootstrap}, {args.partitions} partitions, "
+            f"{len(lines)} dev pages ({args.passes} passes in throughput), broker {bootstrap}, "
+            f"{args.partitions} partitions, "
             f"topology {args.topology}, {os.cpu_count()} cores"
         )
         kw: dict[str, Any] = {"parts": args.partitions, "topology": args.topology}
@@ -518,7 +588,7 @@ def main() -> None:
         one = 0.0
         if "throughput" not in args.skip:
             one = throughput_rounds(
-                bootstrap, tmp, lines, args.rounds, pin=args.pin, kw={**kw, "broker_pid": jvm}
+                bootstrap, tmp, stream, args.rounds, pin=args.pin, kw={**kw, "broker_pid": jvm}
             )
         if "latency" not in args.skip:
             rate = one / 2 if one else args.rate
