@@ -180,6 +180,28 @@ def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
     asyncio.run(run())
 
 
+def delete_topics(bootstrap: str, prefix: str) -> list[str]:
+    """Delete every topic whose name is ``prefix`` followed by ``.`` or ``-`` (one run's
+    topics: its own and its workers' internal ones); returns their names. A broker kept
+    for many runs fills its disk otherwise."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def run() -> list[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            names = sorted(
+                t for t in await admin.list_topics() if t.startswith((f"{prefix}.", f"{prefix}-"))
+            )
+            if names:
+                await admin.delete_topics(names)
+            return names
+        finally:
+            await admin.close()
+
+    return asyncio.run(run())
+
+
 def produce(bootstrap: str, topic: str, values: Iterable[bytes], *, transaction: int = 0) -> None:
     """Produce ``values`` in order (keyed by URL) and wait until all are acknowledged;
     ``transaction``: in transactions of that many messages each (the broker writes a

@@ -1,0 +1,42 @@
+"""The integration helpers that change a broker's topics, against a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.integration.helpers import Names, create_topics, delete_topics, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _topics(bootstrap: str) -> set[str]:
+    from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
+
+    async def run() -> set[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            return set(await admin.list_topics())
+        finally:
+            await admin.close()
+
+    return asyncio.run(run())
+
+
+def test_delete_topics_removes_one_runs_topics_and_no_other(kafka_bootstrap: str) -> None:
+    names, other = Names(), Names()
+    mine = [names.raw, f"{names.prefix}-sequencer", f"{names.prefix}-state-changelog"]
+    # a name that only starts like the run's prefix, and another run's topic
+    kept = [f"{names.prefix}x.raw", other.raw]
+    create_topics(kafka_bootstrap, {t: 1 for t in mine + kept})
+    wait_for(lambda: set(mine + kept) <= _topics(kafka_bootstrap), 30, "the topics")
+
+    assert delete_topics(kafka_bootstrap, names.prefix) == sorted(mine)
+
+    wait_for(lambda: not set(mine) & _topics(kafka_bootstrap), 30, "the topics to go")
+    assert set(kept) <= _topics(kafka_bootstrap)
+    assert delete_topics(kafka_bootstrap, names.prefix) == []
+    delete_topics(kafka_bootstrap, other.prefix)
+    delete_topics(kafka_bootstrap, f"{names.prefix}x")
