@@ -581,7 +581,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="neardup-bench-"))
     try:
         print(
-            f"{len(lines)} dev pages ({args.passes} passes in throughput), broker {bootstrap}, "
+            f"{len(lines)} dev pages ({args.passes} pass{'es' if args.passes > 1 else ''} in "
+            f"throughput), broker {bootstrap}, "
             f"{args.partitions} partitions, "
             f"topology {args.topology}, {os.cpu_count()} cores"
         )
