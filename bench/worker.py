@@ -3,7 +3,7 @@ nothing.
 
     .venv/bin/python bench/worker.py [--bootstrap HOST:PORT] [--limit N] [--partitions 4]
         [--topology routed|sequential] [--recovery-pages 100000] [--rounds 1] [--pin]
-        [--passes 1]
+        [--passes 1] [--retention-days 0]
 
 Without ``--bootstrap`` (or KAFKA_BOOTSTRAP_SERVERS) it starts scripts/kafka-local.sh on
 free loopback ports and stops it at the end. It measures, in one run:
@@ -16,9 +16,11 @@ free loopback ports and stops it at the end. It measures, in one run:
   turn N times, and the medians are printed. ``--passes P`` puts the pages through P
   times (each pass under new ids, two days later), engine and workers alike, so that the
   pipeline's filling at the start and draining at the end, the same few seconds for one
-  worker and for two, weigh less in the rate. With ``--pin`` and the broker's pid known,
-  one worker also runs with the broker on its core: one worker alone otherwise has the
-  broker's CPU on the other core for free, two share both cores with it;
+  worker and for two, weigh less in the rate (with ``--retention-days 1`` no pass finds
+  the ones before it, so each is decided nearly like the first). With ``--pin`` and the
+  broker's pid known, one worker also runs with the broker on its core: one worker alone
+  otherwise has the broker's CPU on the other core for free, two share both cores with
+  it;
 * end-to-end latency (produce to decision read back) at half the 1-worker capacity;
 * recovery: one worker indexes ``--recovery-pages`` pages (the dev pages again and again
   under new ids), is SIGKILLed mid-stream and restarted on its state directory; the time
@@ -131,7 +133,9 @@ class Rate:
         )
 
 
-def engine_rate(lines: list[bytes], pin: bool = False, state: Path | None = None) -> Rate:
+def engine_rate(
+    lines: list[bytes], pin: bool = False, state: Path | None = None, retention_days: int = 0
+) -> Rate:
     """The embedded engine (``neardup dedup`` without file I/O) in this process, with its
     state in memory, or in RocksDB at ``state`` (as ``neardup dedup --state``): pages/s
     on the clock, and CPU a page (this process and its sandbox children). ``pin``: on
@@ -140,10 +144,10 @@ def engine_rate(lines: list[bytes], pin: bool = False, state: Path | None = None
         every = os.sched_getaffinity(0)
         os.sched_setaffinity(0, {0})  # the sandbox's zygote, started below, inherits it
         try:
-            return engine_rate(lines, state=state)
+            return engine_rate(lines, state=state, retention_days=retention_days)
         finally:
             os.sched_setaffinity(0, every)
-    cfg = EngineConfig()
+    cfg = EngineConfig(retention_days=retention_days)
     if state is not None:
         shutil.rmtree(state, ignore_errors=True)
     engine = Engine(open_state(None if state is None else str(state), cfg), cfg)
@@ -197,6 +201,8 @@ class Run:
         partitions: int,
         topology: str,
         raw_configs: dict[str, str] | None = None,
+        *,
+        worker_env: dict[str, str] | None = None,
     ) -> None:
         self.bootstrap, self.tmp, self.partitions, self.topology = (
             bootstrap,
@@ -212,6 +218,7 @@ class Run:
             create_topics(bootstrap, {self.names.raw: partitions})
         self.collector = Collector(bootstrap, [self.names.decisions, self.names.rejects])
         self.workers: list[WorkerProcess] = []
+        self.worker_env = worker_env or {}
 
     def worker(self, i: int) -> WorkerProcess:
         w = WorkerProcess(
@@ -224,6 +231,7 @@ class Run:
         )
         w.env["NEARDUP_COMMIT_INTERVAL_MS"] = "1000"
         w.env["NEARDUP_MARK_INTERVAL_MS"] = "500"
+        w.env.update(self.worker_env)
         self.workers.append(w)
         return w
 
@@ -287,11 +295,14 @@ def throughput(
     pin: bool = False,
     broker_pid: int | None = None,
     broker_core: int | None = None,
+    retention_days: int = 0,
 ) -> Rate:
     """Pages/s of ``n_workers`` workers on the clock, and their CPU a page (see ``Rate``).
     ``pin``: worker i (with its sandbox child) on core i only. ``broker_core``: the broker
-    on that core only while the workers run (it produces the pages on every core)."""
-    run = Run(bootstrap, tmp, parts, topology)
+    on that core only while the workers run (it produces the pages on every core).
+    ``retention_days``: the workers' ``NEARDUP_RETENTION_DAYS`` (0: the default)."""
+    env = {"NEARDUP_RETENTION_DAYS": str(retention_days)} if retention_days else None
+    run = Run(bootstrap, tmp, parts, topology, worker_env=env)
     try:
         produce(bootstrap, run.names.raw, lines)
         with broker_on(broker_pid, broker_core):
@@ -433,9 +444,10 @@ def throughput_rounds(
     rows: list[dict[str, float]] = []
     for r in range(1, rounds + 1):
         head = f"round {r}: " if rounds > 1 else ""
-        mem = engine_rate(lines, pin)
+        days = kw.get("retention_days", 0)
+        mem = engine_rate(lines, pin, retention_days=days)
         print(f"{head}engine, memory state:   {mem.pages_s:7.1f} pages/s, {mem.split()}")
-        rocks = engine_rate(lines, pin, tmp / f"engine-{r}")
+        rocks = engine_rate(lines, pin, tmp / f"engine-{r}", retention_days=days)
         print(f"{head}engine, RocksDB state:  {rocks.pages_s:7.1f} pages/s, {rocks.split()}")
         one = throughput(bootstrap, tmp / f"t1-{r}", lines, 1, pin=pin, **kw)
         print(
@@ -549,6 +561,15 @@ def main() -> None:
     ap.add_argument("--recovery-pages", type=int, default=100_000)
     ap.add_argument("--keep", action="store_true", help="keep the workers' logs and state")
     ap.add_argument(
+        "--retention-days",
+        type=int,
+        default=0,
+        help="throughput's engine and workers keep index entries this many days (the "
+        "engine's retention_days, NEARDUP_RETENTION_DAYS); 1 with --passes: the passes are 2 "
+        "days apart and the dev pages span 12 hours, so no pass finds copies in the ones "
+        "before it, and each is decided nearly like the first",
+    )
+    ap.add_argument(
         "--rate", type=float, default=50.0, help="latency's input rate when throughput is skipped"
     )
     ap.add_argument(
@@ -592,7 +613,12 @@ def main() -> None:
         one = 0.0
         if "throughput" not in args.skip:
             one = throughput_rounds(
-                bootstrap, tmp, stream, args.rounds, pin=args.pin, kw={**kw, "broker_pid": jvm}
+                bootstrap,
+                tmp,
+                stream,
+                args.rounds,
+                pin=args.pin,
+                kw={**kw, "broker_pid": jvm, "retention_days": args.retention_days},
             )
         if "latency" not in args.skip:
             rate = one / 2 if one else args.rate
