@@ -41,7 +41,7 @@ from typing import Any, cast
 import faust
 
 from worker.engine import Analysed, Stats
-from worker.kafka import assign, dump, faustfix, freshness, rocksmem, wire
+from worker.kafka import assign, crc, dump, faustfix, freshness, rocksmem, wire
 from worker.kafka.absent import Absent
 from worker.kafka.http import serve
 from worker.kafka.inorder import Hole, Order, in_order
@@ -220,6 +220,7 @@ class Worker:
         self.pauses = 0
         self.backlog = 0
         faustfix.install()
+        crc.install()
         if store.startswith("rocksdb"):
             rocksmem.bound(settings.rocksdb_memory_mb << 20)
         self.app = app = faust.App(
