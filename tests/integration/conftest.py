@@ -5,6 +5,9 @@
 3. ``scripts/kafka-local.sh`` on free loopback ports in a run directory of its own,
    started for the session and stopped at its end.
 
+On a broker of the first kind, which outlives the session, the topics the session made
+are deleted at its end.
+
 Under ``CI=true`` an integration test never skips for want of a broker: it fails.
 """
 
@@ -19,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.helpers import Deployment, LocalBroker
+from tests.integration.helpers import USED_PREFIXES, Deployment, LocalBroker, delete_topics
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -48,6 +51,10 @@ def kafka_bootstrap() -> Iterator[str]:
     env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if env:
         yield env
+        try:
+            delete_topics(env, USED_PREFIXES)
+        except Exception as exc:  # the broker gone: nothing to keep from filling
+            print(f"the session's topics were not deleted from {env}: {exc!r}")
         return
     if _docker_answers():
         from testcontainers.kafka import KafkaContainer

@@ -139,11 +139,22 @@ def fold(decisions: Iterable[dict[str, Any]], merges: Iterable[dict[str, Any]]) 
 # -- Kafka ---------------------------------------------------------------------------------
 
 
+#: Every prefix a ``Names`` was made with in this process: the topics to delete at the
+#: end of a test session on a broker that outlives it (``tests/integration/conftest.py``).
+USED_PREFIXES: set[str] = set()
+
+
+def _new_prefix() -> str:
+    prefix = f"it-{uuid.uuid4().hex[:10]}"
+    USED_PREFIXES.add(prefix)
+    return prefix
+
+
 @dataclass
 class Names:
     """Unique topic names and app id for one test."""
 
-    prefix: str = field(default_factory=lambda: f"it-{uuid.uuid4().hex[:10]}")
+    prefix: str = field(default_factory=_new_prefix)
 
     @property
     def app_id(self) -> str:
@@ -180,19 +191,22 @@ def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
     asyncio.run(run())
 
 
-def delete_topics(bootstrap: str, prefix: str) -> list[str]:
-    """Delete every topic whose name is ``prefix`` followed by ``.`` or ``-`` (one run's
-    topics: its own and its workers' internal ones); returns their names. A broker kept
-    for many runs fills its disk otherwise."""
+def delete_topics(bootstrap: str, prefix: str | Iterable[str]) -> list[str]:
+    """Delete every topic whose name is ``prefix`` (or one of several) followed by ``.``
+    or ``-`` (one run's topics: its own and its workers' internal ones); returns their
+    names. A broker kept for many runs fills its disk otherwise."""
     from aiokafka.admin import AIOKafkaAdminClient
 
+    prefixes = [prefix] if isinstance(prefix, str) else list(prefix)
+    starts = tuple(f"{p}{sep}" for p in prefixes for sep in ".-")
+
     async def run() -> list[str]:
+        if not starts:
+            return []
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
         await admin.start()
         try:
-            names = sorted(
-                t for t in await admin.list_topics() if t.startswith((f"{prefix}.", f"{prefix}-"))
-            )
+            names = sorted(t for t in await admin.list_topics() if t.startswith(starts))
             if names:
                 await admin.delete_topics(names)
             return names
