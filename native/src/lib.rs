@@ -391,7 +391,7 @@ impl Fingerprinter {
     /// The sorted, distinct hashes of the period strings of ``text``:
     /// ``{hash64(s) for s in fingerprint.period_strings(text, period_len)}``.
     fn period_hashes(&self, py: Python<'_>, text: &str, period_len: usize) -> Vec<u64> {
-        py.allow_threads(|| {
+        py.detach(|| {
             let mut hashes: Vec<u64> = self
                 .pieces(text, period_len)
                 .0
@@ -442,7 +442,7 @@ impl Fingerprinter {
         Bound<'py, PyBytes>,
         Bound<'py, PyBytes>,
     ) {
-        let c = py.allow_threads(|| {
+        let c = py.detach(|| {
             self.compute(
                 text,
                 keywords,
