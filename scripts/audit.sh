@@ -6,8 +6,11 @@
 #      dependencies neither mix with the project's nor change what is audited;
 #   3. scripts/audit.py audits every locked version (pip-audit, then PyPI's project JSON
 #      for what pip-audit cannot reach) and fails on any finding, or version it could not
-#      audit, that scripts/audit-exceptions.txt does not justify.
-# Needs network access to PyPI. Environment: PYTHON (default: python3), AUDIT_VENV.
+#      audit, that scripts/audit-exceptions.txt does not justify;
+#   4. scripts/audit_crates.py checks that no crate version in native/Cargo.lock is
+#      yanked from crates.io (through its sparse index). The RustSec advisories are not
+#      reachable from here, so the crates' known vulnerabilities are not audited.
+# Needs network access to PyPI and index.crates.io. Environment: PYTHON (default: python3), AUDIT_VENV.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP_AUDIT_VERSION=2.10.1
@@ -23,3 +26,4 @@ fi
 echo "audit: $("$AUDIT_VENV/bin/pip-audit" --version) over requirements.lock" >&2
 "$AUDIT_VENV/bin/python" scripts/audit.py "$AUDIT_VENV/bin/pip-audit" \
     --lock requirements.lock --exceptions scripts/audit-exceptions.txt
+"$PYTHON" scripts/audit_crates.py --lock native/Cargo.lock
