@@ -4,6 +4,7 @@ check kept for any partition where that check does not pass."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 import pytest
 from aiokafka.consumer import fetcher
@@ -17,10 +18,10 @@ from worker.kafka import crc
 TP = TopicPartition("raw", 0)
 
 
-def batch(first: int, values: list[bytes]) -> bytes:
+def batch(first: int, values: list[bytes], compression: int = 0) -> bytes:
     builder = DefaultRecordBatchBuilder(
         magic=2,
-        compression_type=0,
+        compression_type=compression,
         is_transactional=0,
         producer_id=-1,
         producer_epoch=-1,
@@ -48,9 +49,13 @@ def flip(data: bytes, at: int) -> bytes:
     return bytes(out)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def installed() -> None:
+@pytest.fixture(autouse=True)
+def installed() -> Iterator[None]:
+    """``crc.install`` for one test; aiokafka's own classes back after it."""
+    theirs = (fetcher.MemoryRecords, fetcher.PartitionRecords)
     crc.install()
+    yield
+    fetcher.MemoryRecords, fetcher.PartitionRecords = theirs
 
 
 def test_batches_that_pass_are_read_without_aiokafkas_own_check() -> None:
@@ -79,9 +84,27 @@ def test_a_corrupt_crc_field_is_caught_too() -> None:
         list(fetched(data))
 
 
-def test_with_the_check_off_nothing_is_checked() -> None:
+def test_with_the_check_off_nothing_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(data: bytes) -> bool:
+        raise AssertionError("checked although the consumer checks no CRC")
+
+    monkeypatch.setattr(crc, "batches_valid", never)
     data = flip(batch(0, [b"a" * 3000]), 200)
-    assert fetched(data, check_crcs=False)._check_crcs is False  # the caller's choice
+    part = fetched(data, check_crcs=False)
+    assert part._check_crcs is False
+    assert len([r.value for r in part]) == 1  # read as aiokafka reads it with no check
+
+
+def test_compressed_batches_are_checked_as_sent() -> None:
+    data = batch(0, [b"a" * 3000, b"b" * 3000], compression=1)  # gzip
+    assert crc.batches_valid(data)
+    part = fetched(data)
+    assert part._check_crcs is False
+    assert [r.value for r in part] == [b"a" * 3000, b"b" * 3000]
+    corrupt = flip(data, len(data) - 10)  # inside the compressed records
+    assert not crc.batches_valid(corrupt)
+    with pytest.raises(CorruptRecordException):
+        list(fetched(corrupt))
 
 
 def test_a_batch_cut_short_at_the_end_is_left_as_aiokafka_leaves_it() -> None:
@@ -105,5 +128,15 @@ def test_an_older_format_keeps_aiokafkas_check() -> None:
 
 def test_install_is_done_once() -> None:
     classes = (fetcher.MemoryRecords, fetcher.PartitionRecords)
+    assert fetcher.PartitionRecords.neardup_crc
     crc.install()
     assert (fetcher.MemoryRecords, fetcher.PartitionRecords) == classes
+
+
+def test_nothing_is_installed_without_the_c_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = (fetcher.MemoryRecords, fetcher.PartitionRecords)
+    theirs = (fetcher.MemoryRecords.__mro__[1], fetcher.PartitionRecords.__mro__[1])
+    fetcher.MemoryRecords, fetcher.PartitionRecords = theirs
+    monkeypatch.setattr(crc.google_crc32c, "implementation", "python")
+    crc.install()
+    assert (fetcher.MemoryRecords, fetcher.PartitionRecords) == theirs != ours

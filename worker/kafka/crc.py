@@ -6,10 +6,12 @@ the dev set on this machine, against 9 us for ``google_crc32c`` (SSE4.2 or ARMv8
 instructions), slice included. A raw page is read once by the worker, so that is about
 0.06 ms of CPU a page saved (``bench/crc.py``).
 
-``install`` has every partition's fetched bytes checked that way first: a partition whose
-batches all pass is handed to aiokafka with its own check off; one with a batch that fails,
-or in an older format than v2, keeps aiokafka's check, which raises
-``CorruptRecordException`` as before. So no batch is taken unchecked.
+``install`` has every partition's fetched bytes checked that way first (only when the
+consumer checks CRCs at all): a partition whose batches all pass is handed to aiokafka
+with its own check off; one with a batch that fails, or in an older format than v2, keeps
+aiokafka's check, which raises ``CorruptRecordException`` as before. So no batch is taken
+unchecked. Without google-crc32c's C extension (its pure-Python fallback is about 250
+times slower than aiokafka's loop) nothing is installed.
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ def install() -> None:
 
     if getattr(fetcher.PartitionRecords, "neardup_crc", False):
         return
+    if google_crc32c.implementation != "c":
+        log.warning("google-crc32c has no C extension here: aiokafka's own CRC check is kept")
+        return
     params = list(inspect.signature(fetcher.PartitionRecords.__init__).parameters)
     if params != _PARTITION_RECORDS_PARAMS:
         log.warning("aiokafka's PartitionRecords takes %s: its own CRC check is kept", params)
@@ -73,11 +78,11 @@ def install() -> None:
     records_class: Any = fetcher.MemoryRecords
 
     class CheckedRecords(records_class):  # type: ignore[misc]
-        """aiokafka's ``MemoryRecords``, knowing whether its batches were checked."""
+        """aiokafka's ``MemoryRecords``, keeping the bytes it was made of."""
 
         def __init__(self, data: bytes) -> None:
             super().__init__(data)
-            self.crcs_valid = isinstance(data, bytes) and batches_valid(data)
+            self.data = data
 
     class PartitionRecords(fetcher.PartitionRecords):  # type: ignore[misc]
         neardup_crc = True
@@ -93,7 +98,8 @@ def install() -> None:
             check_crcs: bool,
             isolation_level: Any,
         ) -> None:
-            check = check_crcs and not getattr(records, "crcs_valid", False)
+            data = getattr(records, "data", None)
+            check = check_crcs and not (isinstance(data, bytes) and batches_valid(data))
             super().__init__(
                 tp,
                 records,
