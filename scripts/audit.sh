@@ -24,6 +24,9 @@ if ! "$AUDIT_VENV/bin/pip-audit" --version 2>/dev/null | grep -qx "pip-audit $PI
         "pip-audit==$PIP_AUDIT_VERSION"
 fi
 echo "audit: $("$AUDIT_VENV/bin/pip-audit" --version) over requirements.lock" >&2
+# both run whatever the first finds; the script fails if either does
+status=0
 "$AUDIT_VENV/bin/python" scripts/audit.py "$AUDIT_VENV/bin/pip-audit" \
-    --lock requirements.lock --exceptions scripts/audit-exceptions.txt
-"$PYTHON" scripts/audit_crates.py --lock native/Cargo.lock
+    --lock requirements.lock --exceptions scripts/audit-exceptions.txt || status=1
+"$PYTHON" scripts/audit_crates.py --lock native/Cargo.lock || status=1
+exit "$status"

@@ -16,6 +16,7 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import sys
 import tomllib
@@ -38,10 +39,13 @@ def index_path(name: str) -> str:
     return f"{name[:2]}/{name[2:4]}/{name}"
 
 
-def locked_crates(lock: Path) -> list[tuple[str, str]]:
-    """(name, version) of every package in ``lock`` that comes from crates.io."""
+def locked_crates(lock: Path) -> tuple[list[tuple[str, str]], list[str]]:
+    """(name, version) of every package in ``lock`` that comes from crates.io, and the
+    names of the others (the workspace's own, git or path sources, other registries)."""
     packages = tomllib.loads(lock.read_text(encoding="utf-8")).get("package", [])
-    return sorted((p["name"], p["version"]) for p in packages if p.get("source") == CRATES_IO)
+    ours = sorted((p["name"], p["version"]) for p in packages if p.get("source") == CRATES_IO)
+    others = sorted(p["name"] for p in packages if p.get("source") != CRATES_IO)
+    return ours, others
 
 
 def index_versions(index: str, name: str) -> dict[str, bool]:
@@ -57,7 +61,8 @@ def _newer(version: str, versions: dict[str, bool]) -> list[str]:
         core = v.split("+", maxsplit=1)[0].split("-", maxsplit=1)[0]
         return tuple(int(x) if x.isdigit() else 0 for x in core.split("."))
 
-    released = (v for v, yanked in versions.items() if not yanked and "-" not in v)
+    # releases, not pre-releases (a "-" before any "+build" part)
+    released = (v for v, y in versions.items() if not y and "-" not in v.split("+", 1)[0])
     return sorted((v for v in released if key(v) > key(version)), key=key)
 
 
@@ -67,7 +72,20 @@ def audit(crates: list[tuple[str, str]], index: str) -> int:
     for name, version in crates:
         try:
             versions = index_versions(index, name)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                print(f"UNCHECKED {name} {version}: the index answered {exc.code}")
+            else:
+                print(f"MISSING   {name} {version}: the crate is not in the index")
+            problems += 1
+            continue
+        except (
+            urllib.error.URLError,
+            OSError,
+            ValueError,
+            KeyError,
+            http.client.HTTPException,
+        ) as exc:
             print(f"UNCHECKED {name} {version}: the index did not answer: {exc}")
             problems += 1
             continue
@@ -88,11 +106,13 @@ def main() -> None:
     ap.add_argument("--lock", type=Path, default=ROOT / "native" / "Cargo.lock")
     ap.add_argument("--index", default=INDEX)
     args = ap.parse_args()
-    crates = locked_crates(args.lock)
+    crates, others = locked_crates(args.lock)
     problems = audit(crates, args.index)
     print(
-        f"audit_crates: {len(crates)} crates of {args.lock.name} against {args.index}: "
-        f"{problems} yanked, missing or unchecked (advisories not checked: see the docstring)"
+        f"audit_crates: {len(crates)} crates.io crates of {args.lock} against {args.index}: "
+        f"{problems} yanked, missing or unchecked; {len(others)} packages from elsewhere "
+        f"not checked ({', '.join(others) or 'none'}); advisories not checked (see the "
+        "docstring)"
     )
     sys.exit(1 if problems else 0)
 

@@ -54,7 +54,7 @@ def test_only_crates_io_packages_of_the_lock_are_audited(
         '[[package]]\nname = "neardup-native"\nversion = "0.1.0"\n\n'
         f'[[package]]\nname = "cc"\nversion = "1.0.0"\nsource = "{CRATES_IO}"\n'
     )
-    assert crates.locked_crates(lock) == [("cc", "1.0.0"), ("syn", "2.0.1")]
+    assert crates.locked_crates(lock) == ([("cc", "1.0.0"), ("syn", "2.0.1")], ["neardup-native"])
 
 
 def test_a_yanked_missing_or_unreadable_version_is_a_problem(
@@ -63,13 +63,35 @@ def test_a_yanked_missing_or_unreadable_version_is_a_problem(
     index = index_dir(
         tmp_path / "index",
         crates,
-        {"syn": {"2.0.1": False, "2.0.2": False, "3.0.0-rc1": False}, "cc": {"1.0.0": True}},
+        {
+            "syn": {"2.0.1": False, "2.0.2": False, "3.0.0-rc1": False},
+            "cc": {"1.0.0": True},
+            "wasi": {
+                "0.11.0+wasi-snapshot-preview1": False,
+                "0.11.1+wasi-snapshot-preview1": False,
+            },
+        },
     )
     assert crates.audit([("syn", "2.0.1")], index) == 0
     assert "ok        syn 2.0.1 (newer: 2.0.2)" in capsys.readouterr().out
+    assert crates.audit([("wasi", "0.11.0+wasi-snapshot-preview1")], index) == 0
+    assert "(newer: 0.11.1+wasi-snapshot-preview1)" in capsys.readouterr().out
     assert crates.audit([("cc", "1.0.0")], index) == 1
     assert "YANKED    cc 1.0.0" in capsys.readouterr().out
     assert crates.audit([("syn", "9.9.9")], index) == 1
     assert "MISSING" in capsys.readouterr().out
     assert crates.audit([("libc", "0.2.0")], index) == 1  # no file for it in the index
     assert "UNCHECKED libc 0.2.0" in capsys.readouterr().out
+
+
+def test_a_crate_the_index_does_not_know_is_missing(
+    crates: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import urllib.error
+
+    def not_found(index: str, name: str) -> dict[str, bool]:
+        raise urllib.error.HTTPError(f"{index}/{name}", 404, "Not Found", None, None)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(crates, "index_versions", not_found)
+    assert crates.audit([("gone", "1.0.0")], "https://index.example") == 1
+    assert "MISSING   gone 1.0.0" in capsys.readouterr().out
