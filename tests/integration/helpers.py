@@ -216,6 +216,77 @@ def delete_topics(bootstrap: str, prefix: str | Iterable[str]) -> list[str]:
     return asyncio.run(run())
 
 
+def changelog_state(bootstrap: str, topic: str, partition: int, through: int) -> dict[bytes, bytes]:
+    """What a table partition holds after applying its changelog partition's records up
+    to offset ``through``: each key's last value, keys whose last record is a tombstone
+    left out."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def run() -> dict[bytes, bytes]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tp = TopicPartition(topic, partition)
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            state: dict[bytes, bytes | None] = {}
+            while through >= 0 and await consumer.position(tp) <= through:
+                fetched = await consumer.getmany(tp, timeout_ms=5000)
+                if not fetched:
+                    raise AssertionError(f"{topic}[{partition}] ends before offset {through}")
+                for record in fetched.get(tp, []):
+                    if record.offset <= through:
+                        state[record.key] = record.value
+            return {k: v for k, v in state.items() if v is not None}
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
+def end_offsets(bootstrap: str, topics: dict[str, int]) -> dict[tuple[str, int], int]:
+    """The end offset of every partition of ``topics`` (name: partition count)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def run() -> dict[tuple[str, int], int]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
+            ends = await consumer.end_offsets(tps)
+            return {(tp.topic, tp.partition): int(n) for tp, n in ends.items()}
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
+def local_tables(state_dir: Path) -> dict[tuple[str, int], Path]:
+    """A stopped worker's table partition databases by (table, partition)."""
+    out = {}
+    for db in sorted((state_dir / "v1" / "tables").glob("*-*.db")):
+        table, _, partition = db.name.removesuffix(".db").rpartition("-")
+        out[(table, int(partition))] = db
+    return out
+
+
+def read_table(db: Path) -> tuple[int | None, dict[bytes, bytes]]:
+    """A stopped worker's table partition: the changelog offset Faust persisted in it, and
+    its items but that offset and undo records (``worker.kafka.undo``)."""
+    from rocksdict import Options, Rdict
+
+    from worker.kafka.undo import OFFSET_KEY, UNDO_PREFIX
+
+    rd = Rdict(str(db), Options(raw_mode=True))
+    try:
+        items = dict(rd.items())
+    finally:
+        rd.close()
+    offset = items.pop(OFFSET_KEY, None)
+    kept = {k: v for k, v in items.items() if not k.startswith(UNDO_PREFIX)}
+    return (None if offset is None else int(offset)), kept
+
+
 def produce(bootstrap: str, topic: str, values: Iterable[bytes], *, transaction: int = 0) -> None:
     """Produce ``values`` in order (keyed by URL) and wait until all are acknowledged;
     ``transaction``: in transactions of that many messages each (the broker writes a

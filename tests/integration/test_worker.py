@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,7 +18,11 @@ import pytest
 
 from tests.integration.helpers import all_out as _all_out
 from tests.integration.helpers import (
+    changelog_state,
     check_after_fault,
+    end_offsets,
+    local_tables,
+    read_table,
     reference,
     stream,
     wait_for,
@@ -109,6 +114,90 @@ def test_a_second_worker_joining_takes_partitions_and_changes_no_decision(
     assert sorted(len(lag_partitions(w)) for w in (first, second)) == [1, 3]
     logs = "".join(w.log.read_text(errors="replace") for w in (first, second))
     assert "raw partitions moved off the sequencer's worker" in logs
+
+
+def test_standby_replicas_hold_exactly_what_the_changelogs_hold(
+    deploy: Any, tmp_path: Path
+) -> None:
+    """Two workers, each with a standby replica of the other's table partitions, written in
+    bulk from the changelog records it fetches (``worker.kafka.faustfix.bulk_standbys``):
+    the same decisions as ``neardup dedup``, and, once stopped, every table partition
+    database either keeps, active or standby, equal to its changelog."""
+    values = stream(range(1, 9))
+    ref = reference(values, tmp_path)
+    d = deploy(4)
+    workers = [d.worker(i, {"NEARDUP_STANDBY_REPLICAS": "1"}).start() for i in range(2)]
+    for w in workers:
+        wait_for(lambda w=w: w.get("/readyz") == 200, 120, "both workers ready")
+    d.produce(values)
+    d.wait(lambda: _all_out(ref, d), DEADLINE, "every page decided")
+    _check_against(ref, d)
+    for w in workers:
+        assert _counter(w, "neardup_standby_records_total") > 0, w.tail()
+    # the index tables are written to the end once every page is decided (the state table
+    # is not: the sequencer stores each raw partition's progress at every drain mark)
+    changelogs = {f"{d.names.app_id}-{t}-changelog": n for t, n in TABLES.items() if t != "state"}
+    ends = end_offsets(d.bootstrap, changelogs)
+    d.wait(lambda: _settled(d, changelogs, ends), 60, "the index changelogs written to the end")
+    for w in workers:
+        w.stop()
+    offsets = _check_tables_against_changelogs(d, workers)
+    # and both copies of each index partition, standby and active, caught up with it
+    behind = {
+        db: (at, ends[key])
+        for db, (key, at) in offsets.items()
+        if key in ends and at != ends[key] - 1
+    }
+    assert not behind, f"databases behind their changelogs' ends: {behind}"
+
+
+#: The worker's tables and their partitions (``deploy(4)``).
+TABLES = {"state": 1, "buckets": 4, "sketches": 4}
+
+
+def _settled(d: Any, changelogs: dict[str, int], ends: dict[tuple[str, int], int]) -> bool:
+    """The changelogs' ends unchanged for 2 s (``ends`` updated in place)."""
+    time.sleep(2)
+    now = end_offsets(d.bootstrap, changelogs)
+    same = now == ends
+    ends.update(now)
+    return same
+
+
+def _counter(w: Any, name: str) -> float:
+    found = re.search(rf"^{name} (\S+)$", _metrics(w), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _check_tables_against_changelogs(
+    d: Any, workers: list[Any]
+) -> dict[Path, tuple[tuple[str, int], int]]:
+    """Every table partition database the stopped ``workers`` keep, active or standby,
+    holds exactly what its changelog partition holds up to the offset stored in it; and
+    both workers keep one of each partition (one of them a standby replica). Returns each
+    database's changelog partition and offset."""
+    held: dict[tuple[str, int], int] = {}
+    offsets: dict[Path, tuple[tuple[str, int], int]] = {}
+    for w in workers:
+        dbs = local_tables(Path(w.env["NEARDUP_STATE_DIR"]))
+        assert dbs, f"no tables in {w.env['NEARDUP_STATE_DIR']}"
+        for (table, partition), db in dbs.items():
+            offset, items = read_table(db)
+            assert offset is not None, db
+            topic = f"{d.names.app_id}-{table}-changelog"
+            want = changelog_state(d.bootstrap, topic, partition, offset)
+            missing = want.keys() - items.keys()
+            extra = items.keys() - want.keys()
+            wrong = [k for k in want.keys() & items.keys() if want[k] != items[k]]
+            assert not (missing or extra or wrong), (
+                f"{db} (through offset {offset}): {len(missing)} keys missing, {len(extra)} "
+                f"not in the changelog, {len(wrong)} with other values"
+            )
+            held[(table, partition)] = held.get((table, partition), 0) + 1
+            offsets[db] = ((topic, partition), offset)
+    assert held.keys() == {(t, p) for t, n in TABLES.items() for p in range(n)}, held
+    assert set(held.values()) == {2}, held
+    return offsets
 
 
 def _metrics(w: Any) -> str:

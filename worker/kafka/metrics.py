@@ -102,6 +102,11 @@ class _StageCollector:
                 w.out_of_order,
             ),
             ("neardup_raw_pauses", "Times this worker paused reading raw pages", w.pauses),
+            (
+                "neardup_standby_records",
+                "Changelog records written to this worker's standby replicas in bulk",
+                getattr(w.app, "neardup_standby_records", 0),
+            ),
         ):
             counter = CounterMetricFamily(name, doc)
             counter.add_metric([], value)

@@ -1,0 +1,134 @@
+"""Standby replicas written in bulk (``worker.kafka.faustfix.bulk_standbys``): the same
+records Faust's recovery would apply, in the same order, and nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+from faust.stores.rocksdb import Store
+from faust.types import TP
+
+from worker.kafka import faustfix
+from worker.kafka.faustfix import take_standbys
+
+STANDBY, OTHER, ACTIVE = TP("t-changelog", 0), TP("t-changelog", 1), TP("t-changelog", 2)
+RAW = TP("raw", 0)
+
+
+class _Table:
+    """What ``take_standbys`` uses of a table: its store, and Faust's batch write."""
+
+    def __init__(self, store: Any) -> None:
+        self.data = store
+        self.batches: list[list[tuple[int, int, bytes | None, bytes | None]]] = []
+
+    def apply_changelog_batch(self, events: Any) -> None:
+        self.batches.append(
+            [
+                (e.message.partition, e.message.offset, e.message.key, e.message.value)
+                for e in events
+            ]
+        )
+
+
+def _record(offset: int, key: bytes = b"k", value: bytes | None = b"v") -> Any:
+    return SimpleNamespace(offset=offset, key=key, value=value)
+
+
+def _consumer(table: _Table, **kw: Any) -> Any:
+    recovery = SimpleNamespace(
+        standby_tps={STANDBY, OTHER},
+        active_tps={ACTIVE},
+        tp_to_table={STANDBY: table, OTHER: table, ACTIVE: table},
+        standby_offsets=Counter(kw.get("seen", {})),
+        buffers={table: list(kw.get("buffered", []))},
+        standby_remaining_total=lambda: 0,
+    )
+    tables = SimpleNamespace(recovery=recovery, standbys_ready=True)
+    tables.on_standbys_ready = lambda: setattr(tables, "standbys_ready", True)
+    app = SimpleNamespace(tables=tables, consumer_generation_id=1)
+    return SimpleNamespace(
+        app=app, _buffered_partitions=set(), _read_offset=dict(kw.get("read", {}))
+    )
+
+
+def _rocks_table() -> _Table:
+    return _Table(Store.__new__(Store))  # only its type is looked at
+
+
+def test_a_standby_partitions_records_are_written_in_one_batch_and_taken_out() -> None:
+    table = _rocks_table()
+    consumer = _consumer(table)
+    records = {STANDBY: [_record(5, b"a"), _record(6, b"b", None)], RAW: [_record(9)]}
+    assert take_standbys(consumer, records, None) == 2
+    assert table.batches == [[(0, 5, b"a", b"v"), (0, 6, b"b", None)]]  # a tombstone too
+    assert list(records) == [RAW]  # the raw page is left to Faust's loop
+    recovery = consumer.app.tables.recovery
+    assert recovery.standby_offsets[STANDBY] == 6
+    assert consumer._read_offset[STANDBY] == 6
+    assert consumer.app.neardup_standby_records == 2
+
+
+def test_records_faust_would_not_apply_are_not_applied() -> None:
+    table = _rocks_table()
+    # the recovery applied up to 5; the consumer's read offset is 4 (Faust drops below it)
+    consumer = _consumer(table, seen={STANDBY: 5}, read={OTHER: 4})
+    records = {
+        STANDBY: [_record(4), _record(5), _record(6), _record(7)],
+        OTHER: [_record(3), _record(4), _record(5)],
+    }
+    assert take_standbys(consumer, records, None) == 4
+    assert table.batches == [
+        [(0, 6, b"k", b"v"), (0, 7, b"k", b"v")],
+        [(1, 4, b"k", b"v"), (1, 5, b"k", b"v")],
+    ]
+    assert not records
+
+
+def test_the_tables_buffered_records_are_written_first() -> None:
+    table = _rocks_table()
+    earlier = SimpleNamespace(message=SimpleNamespace(partition=2, offset=1, key=b"x", value=b"1"))
+    consumer = _consumer(table, buffered=[earlier])
+    take_standbys(consumer, {STANDBY: [_record(8)]}, None)
+    assert table.batches == [[(2, 1, b"x", b"1")], [(0, 8, b"k", b"v")]]
+    assert consumer.app.tables.recovery.buffers[table] == []
+
+
+def test_actives_other_stores_and_partitions_not_fetched_keep_fausts_path() -> None:
+    table = _rocks_table()
+    consumer = _consumer(table)
+    records = {ACTIVE: [_record(1)], STANDBY: [_record(1)]}
+    # a restore's active partition, and a standby the fetch did not ask for (paused)
+    assert take_standbys(consumer, records, {ACTIVE}) == 0
+    assert set(records) == {ACTIVE, STANDBY} and not table.batches
+    consumer._buffered_partitions.add(STANDBY)  # unless Faust hands it out all the same
+    assert take_standbys(consumer, records, {ACTIVE}) == 1
+
+    memory = _Table(object())  # not Faust's RocksDB store
+    consumer = _consumer(memory)
+    records = {STANDBY: [_record(1)]}
+    assert take_standbys(consumer, records, None) == 0
+    assert STANDBY in records and not memory.batches
+
+
+def test_a_fetch_that_spans_a_rebalance_is_left_to_faust(monkeypatch: Any) -> None:
+    table = _rocks_table()
+    consumer = _consumer(table)
+    consumer.flow_active, consumer.should_stop = True, False
+
+    async def fetch(self: Any, timeout: float) -> Any:
+        self.app.consumer_generation_id += fetch.rebalances  # type: ignore[attr-defined]
+        return {STANDBY: [_record(1)]}, None
+
+    from faust.transport.consumer import Consumer
+
+    monkeypatch.setattr(Consumer, "_wait_next_records", fetch)
+    faustfix.bulk_standbys()
+    wrapped = Consumer._wait_next_records
+    for rebalances, left in ((1, {STANDBY}), (0, set())):
+        fetch.rebalances = rebalances  # type: ignore[attr-defined]
+        records, _ = asyncio.run(wrapped(consumer, 1.0))
+        assert set(records) == left
