@@ -299,12 +299,17 @@ def throughput(
     broker_pid: int | None = None,
     broker_core: int | None = None,
     retention_days: int = 0,
+    standby_replicas: int = 1,
 ) -> Rate:
     """Pages/s of ``n_workers`` workers on the clock, and their CPU a page (see ``Rate``).
     ``pin``: worker i (with its sandbox child) on core i only. ``broker_core``: the broker
     on that core only while the workers run (it produces the pages on every core).
-    ``retention_days``: the workers' ``NEARDUP_RETENTION_DAYS`` (0: the default)."""
-    env = {"NEARDUP_RETENTION_DAYS": str(retention_days)} if retention_days else None
+    ``retention_days``: the workers' ``NEARDUP_RETENTION_DAYS`` (0: the default);
+    ``standby_replicas``: their ``NEARDUP_STANDBY_REPLICAS`` (the worker's default, 1:
+    each of two workers keeps a replica of the other's tables)."""
+    env = {"NEARDUP_STANDBY_REPLICAS": str(standby_replicas)}
+    if retention_days:
+        env["NEARDUP_RETENTION_DAYS"] = str(retention_days)
     run = Run(bootstrap, tmp, parts, topology, worker_env=env)
     try:
         produce(bootstrap, run.names.raw, lines)
@@ -573,6 +578,13 @@ def main() -> None:
         "before it, and each is decided nearly like the first",
     )
     ap.add_argument(
+        "--standby-replicas",
+        type=int,
+        default=1,
+        help="throughput's NEARDUP_STANDBY_REPLICAS (the worker's default, 1: each of two "
+        "workers keeps a replica of the other's tables, as a deployment of two does)",
+    )
+    ap.add_argument(
         "--rate", type=float, default=50.0, help="latency's input rate when throughput is skipped"
     )
     ap.add_argument(
@@ -608,7 +620,8 @@ def main() -> None:
             f"{len(lines)} dev pages ({args.passes} pass{'es' if args.passes > 1 else ''} in "
             f"throughput), broker {bootstrap}, "
             f"{args.partitions} partitions, "
-            f"topology {args.topology}, {os.cpu_count()} cores"
+            f"topology {args.topology}, {args.standby_replicas} standby replicas, "
+            f"{os.cpu_count()} cores"
         )
         kw: dict[str, Any] = {"parts": args.partitions, "topology": args.topology}
         run_dir = broker.run_dir if broker is not None else args.broker_dir
@@ -621,7 +634,12 @@ def main() -> None:
                 stream,
                 args.rounds,
                 pin=args.pin,
-                kw={**kw, "broker_pid": jvm, "retention_days": args.retention_days},
+                kw={
+                    **kw,
+                    "broker_pid": jvm,
+                    "retention_days": args.retention_days,
+                    "standby_replicas": args.standby_replicas,
+                },
             )
         if "latency" not in args.skip:
             rate = one / 2 if one else args.rate
