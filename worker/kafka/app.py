@@ -393,8 +393,9 @@ class Worker:
         standbys = self.app.assignor.assigned_standbys()
         self.standby_marks.keep(standbys)
         if standbys:
-            # Faust applies a standby's records when a table's buffer holds 1,000 of them
-            # (or at a rebalance, or a stop): a quiet standby would otherwise trail its
+            # the standby records Faust's own path took (faustfix.bulk_standbys writes
+            # the rest at once) wait until a table's buffer holds 1,000 of them (or a
+            # rebalance, or a stop): a quiet standby would otherwise trail its
             # changelog's end indefinitely, and never be stamped
             cast(Any, self.app.tables).recovery.flush_buffers()
         stamped = failed = 0

@@ -168,7 +168,8 @@ def bulk_standbys() -> None:
     Faust would hand out (the flow active, the generation unchanged since the fetch
     began, the partition active in the fetch), at or after the consumer's read offset and
     after the recovery's offset for the partition, whose buffered records of the table
-    are written first. Active partitions (a restore) keep Faust's path: its recovery
+    are written first; none while Faust's changelog queue holds records its recovery has
+    not read. Active partitions (a restore) keep Faust's path: its recovery
     decides from their events when a restore is done. A table whose store is not Faust's
     RocksDB store keeps it too."""
     from faust.transport.consumer import Consumer
@@ -176,14 +177,14 @@ def bulk_standbys() -> None:
     wait_next = Consumer._wait_next_records
 
     async def _wait_next_records(self: Any, timeout: float) -> Any:
-        generation = self.app.consumer_generation_id
+        began = self.app.consumer_generation_id
         records, active = await wait_next(self, timeout)
         if (
             isinstance(records, dict)  # a fetch of its own, which nothing else holds
             and records
             and self.flow_active
             and not self.should_stop
-            and self.app.consumer_generation_id == generation
+            and self.app.consumer_generation_id == began  # no rebalance meanwhile
         ):
             take_standbys(self, records, active)
         return records, active
@@ -212,12 +213,19 @@ def take_standbys(consumer: Any, records: dict[Any, list[Any]], active: Any) -> 
     every one). How many records it applied."""
     from faust.stores.rocksdb import Store
 
-    recovery = getattr(getattr(consumer.app, "tables", None), "recovery", None)
+    tables: Any = getattr(consumer.app, "tables", None)
+    recovery = getattr(tables, "recovery", None)
     if recovery is None:
+        return 0
+    if not tables.changelog_queue.empty():
+        # changelog records Faust's path took (a restore's, or a fetch left to it) that
+        # its recovery has not read yet: a later record applied here first would move the
+        # partition's offset past them, and the recovery would then drop them as seen
         return 0
     standbys, actives = recovery.standby_tps, recovery.active_tps
     buffered_tps = consumer._buffered_partitions
     applied = 0
+    taken = False
     for tp in [tp for tp in records if tp in standbys and tp not in actives]:
         if active is not None and tp not in active and tp not in buffered_tps:
             continue  # Faust's loop would not hand these out either
@@ -225,6 +233,7 @@ def take_standbys(consumer: Any, records: dict[Any, list[Any]], active: Any) -> 
         if table is None or not isinstance(table.data, Store):
             continue
         fetched = records.pop(tp)
+        taken = True
         read = consumer._read_offset.get(tp)  # Faust's loop drops records below it
         seen = recovery.standby_offsets.get(tp)  # and its recovery those at or below it
         fresh = [
@@ -244,9 +253,8 @@ def take_standbys(consumer: Any, records: dict[Any, list[Any]], active: Any) -> 
         applied += len(fresh)
     app = consumer.app
     app.neardup_standby_records = getattr(app, "neardup_standby_records", 0) + applied
-    tables = app.tables
-    if applied and not tables.standbys_ready and not recovery.standby_remaining_total():
-        tables.on_standbys_ready()  # as Faust's recovery does when they catch up
+    if taken and not tables.standbys_ready and not recovery.standby_remaining_total():
+        tables.on_standbys_ready()  # as Faust's recovery does after a standby's record
     return applied
 
 
