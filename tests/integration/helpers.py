@@ -287,6 +287,32 @@ def read_table(db: Path) -> tuple[int | None, dict[bytes, bytes]]:
     return (None if offset is None else int(offset)), kept
 
 
+def tables_match_changelogs(
+    d: Deployment, workers: list[WorkerProcess]
+) -> dict[Path, tuple[tuple[str, int], int]]:
+    """Every table partition database the stopped ``workers`` keep, active or standby,
+    holds exactly what its changelog partition holds up to the offset stored in it.
+    Returns each database's changelog partition and that offset."""
+    offsets: dict[Path, tuple[tuple[str, int], int]] = {}
+    for w in workers:
+        dbs = local_tables(Path(w.env["NEARDUP_STATE_DIR"]))
+        assert dbs, f"no tables in {w.env['NEARDUP_STATE_DIR']}"
+        for (table, partition), db in dbs.items():
+            offset, items = read_table(db)
+            assert offset is not None, db
+            topic = f"{d.names.app_id}-{table}-changelog"
+            want = changelog_state(d.bootstrap, topic, partition, offset)
+            missing = want.keys() - items.keys()
+            extra = items.keys() - want.keys()
+            wrong = [k for k in want.keys() & items.keys() if want[k] != items[k]]
+            assert not (missing or extra or wrong), (
+                f"{db} (through offset {offset}): {len(missing)} keys missing, {len(extra)} "
+                f"not in the changelog, {len(wrong)} with other values"
+            )
+            offsets[db] = ((topic, partition), offset)
+    return offsets
+
+
 def produce(bootstrap: str, topic: str, values: Iterable[bytes], *, transaction: int = 0) -> None:
     """Produce ``values`` in order (keyed by URL) and wait until all are acknowledged;
     ``transaction``: in transactions of that many messages each (the broker writes a

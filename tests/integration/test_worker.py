@@ -11,6 +11,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,11 @@ import pytest
 
 from tests.integration.helpers import all_out as _all_out
 from tests.integration.helpers import (
-    changelog_state,
     check_after_fault,
     end_offsets,
-    local_tables,
-    read_table,
     reference,
     stream,
+    tables_match_changelogs,
     wait_for,
 )
 from tests.integration.helpers import check_against as _check_against
@@ -172,29 +171,10 @@ def _counter(w: Any, name: str) -> float:
 def _check_tables_against_changelogs(
     d: Any, workers: list[Any]
 ) -> dict[Path, tuple[tuple[str, int], int]]:
-    """Every table partition database the stopped ``workers`` keep, active or standby,
-    holds exactly what its changelog partition holds up to the offset stored in it; and
-    both workers keep one of each partition (one of them a standby replica). Returns each
-    database's changelog partition and offset."""
-    held: dict[tuple[str, int], int] = {}
-    offsets: dict[Path, tuple[tuple[str, int], int]] = {}
-    for w in workers:
-        dbs = local_tables(Path(w.env["NEARDUP_STATE_DIR"]))
-        assert dbs, f"no tables in {w.env['NEARDUP_STATE_DIR']}"
-        for (table, partition), db in dbs.items():
-            offset, items = read_table(db)
-            assert offset is not None, db
-            topic = f"{d.names.app_id}-{table}-changelog"
-            want = changelog_state(d.bootstrap, topic, partition, offset)
-            missing = want.keys() - items.keys()
-            extra = items.keys() - want.keys()
-            wrong = [k for k in want.keys() & items.keys() if want[k] != items[k]]
-            assert not (missing or extra or wrong), (
-                f"{db} (through offset {offset}): {len(missing)} keys missing, {len(extra)} "
-                f"not in the changelog, {len(wrong)} with other values"
-            )
-            held[(table, partition)] = held.get((table, partition), 0) + 1
-            offsets[db] = ((topic, partition), offset)
+    """``tables_match_changelogs``, and both workers keep one of each table partition (one
+    of them a standby replica). Returns each database's changelog partition and offset."""
+    offsets = tables_match_changelogs(d, workers)
+    held = Counter((topic.split("-")[-2], p) for (topic, p), _ in offsets.values())
     assert held.keys() == {(t, p) for t, n in TABLES.items() for p in range(n)}, held
     assert set(held.values()) == {2}, held
     return offsets

@@ -1,5 +1,5 @@
-"""Standby replicas written in bulk (``worker.kafka.faustfix.bulk_standbys``): the same
-records Faust's recovery would apply, in the same order, and nothing else."""
+"""Standby replicas and restores written in bulk (``worker.kafka.faustfix.bulk_standbys``):
+the same records Faust's recovery would apply, in the same order, and nothing else."""
 
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ def _consumer(table: _Table, **kw: Any) -> Any:
         active_tps={ACTIVE},
         tp_to_table={STANDBY: table, OTHER: table, ACTIVE: table},
         standby_offsets=Counter(kw.get("seen", {})),
+        active_offsets=Counter(kw.get("active_seen", {})),
+        in_recovery=kw.get("restoring", False),
         buffers={table: list(kw.get("buffered", []))},
         standby_remaining_total=lambda: 0,
     )
@@ -102,7 +104,7 @@ def test_the_tables_buffered_records_are_written_first() -> None:
     assert consumer.app.tables.recovery.buffers[table] == []
 
 
-def test_actives_other_stores_and_partitions_not_fetched_keep_fausts_path() -> None:
+def test_actives_not_restoring_other_stores_and_partitions_not_fetched_keep_fausts_path() -> None:
     table = _rocks_table()
     consumer = _consumer(table)
     records = {ACTIVE: [_record(1)], STANDBY: [_record(1)]}
@@ -154,3 +156,18 @@ def test_standbys_are_ready_once_caught_up_even_with_nothing_new_to_write() -> N
     consumer = _consumer(table, seen={STANDBY: 8}, ready=False)
     assert take_standbys(consumer, {STANDBY: [_record(8)]}, None) == 0  # read again
     assert consumer.app.tables.standbys_ready
+
+
+def test_a_restore_is_written_in_bulk_but_for_each_fetchs_last_record() -> None:
+    # Faust's recovery sees the last record of each fetch of a partition it restores, and
+    # so decides when the restore is done, as it would have from every record
+    table = _rocks_table()
+    consumer = _consumer(table, restoring=True, active_seen={ACTIVE: 3})
+    last = _record(7)
+    records = {ACTIVE: [_record(3), _record(4), _record(5, b"d", None), last]}
+    assert take_standbys(consumer, records, None) == 2
+    assert table.batches == [[(2, 4, b"k", b"v"), (2, 5, b"d", None)]]
+    assert records == {ACTIVE: [last]}
+    assert consumer.app.tables.recovery.active_offsets[ACTIVE] == 5
+    assert consumer.app.neardup_restored_records == 2
+    assert take_standbys(consumer, {ACTIVE: [_record(8)]}, None) == 0  # one: Faust's

@@ -169,9 +169,10 @@ def bulk_standbys() -> None:
     began, the partition active in the fetch), at or after the consumer's read offset and
     after the recovery's offset for the partition, whose buffered records of the table
     are written first; none while Faust's changelog queue holds records its recovery has
-    not read. Active partitions (a restore) keep Faust's path: its recovery
-    decides from their events when a restore is done. A table whose store is not Faust's
-    RocksDB store keeps it too."""
+    not read. An active partition being restored is written the same way, all but the
+    last record of each fetch, which goes through Faust's path: its recovery decides
+    from those events when the restore is done (and so logs its progress). A partition
+    whose table's store is not Faust's RocksDB store keeps Faust's path."""
     from faust.transport.consumer import Consumer
 
     wait_next = Consumer._wait_next_records
@@ -208,9 +209,9 @@ class _Change:
 
 
 def take_standbys(consumer: Any, records: dict[Any, list[Any]], active: Any) -> int:
-    """``bulk_standbys`` for one fetch: apply and remove from ``records`` the records of
-    the standby partitions it may take (``active``: the partitions fetched, None for
-    every one). How many records it applied."""
+    """``bulk_standbys`` for one fetch: apply and remove from ``records`` the records it
+    may take, of standby partitions and of active ones being restored (``active``: the
+    partitions fetched, None for every one). How many records it applied."""
     from faust.stores.rocksdb import Store
 
     tables: Any = getattr(consumer.app, "tables", None)
@@ -218,44 +219,70 @@ def take_standbys(consumer: Any, records: dict[Any, list[Any]], active: Any) -> 
     if recovery is None:
         return 0
     if not tables.changelog_queue.empty():
-        # changelog records Faust's path took (a restore's, or a fetch left to it) that
-        # its recovery has not read yet: a later record applied here first would move the
-        # partition's offset past them, and the recovery would then drop them as seen
+        # changelog records Faust's path took (a restore's last of a fetch, or a fetch
+        # left to it) that its recovery has not read yet: a later record applied here
+        # first would move the partition's offset past them, and the recovery would then
+        # drop them as seen
         return 0
     standbys, actives = recovery.standby_tps, recovery.active_tps
+    restoring = bool(recovery.in_recovery)
     buffered_tps = consumer._buffered_partitions
-    applied = 0
+    applied = {"standby": 0, "restore": 0}
     taken = False
-    for tp in [tp for tp in records if tp in standbys and tp not in actives]:
+    for tp in list(records):
+        if tp in actives:
+            if not restoring:
+                continue
+            kind, offsets = "restore", recovery.active_offsets
+        elif tp in standbys:
+            kind, offsets = "standby", recovery.standby_offsets
+        else:
+            continue
         if active is not None and tp not in active and tp not in buffered_tps:
             continue  # Faust's loop would not hand these out either
         table = recovery.tp_to_table.get(tp)
         if table is None or not isinstance(table.data, Store):
             continue
-        fetched = records.pop(tp)
-        taken = True
-        read = consumer._read_offset.get(tp)  # Faust's loop drops records below it
-        seen = recovery.standby_offsets.get(tp)  # and its recovery those at or below it
-        fresh = [
-            _Change(tp, r)
-            for r in fetched
-            if (read is None or r.offset >= read) and (seen is None or r.offset > seen)
-        ]
-        if not fresh:
-            continue
-        buffer = recovery.buffers.get(table)
-        if buffer:  # records of the table Faust's path took before, written first
-            table.apply_changelog_batch(buffer)
-            buffer.clear()
-        table.apply_changelog_batch(fresh)
-        recovery.standby_offsets[tp] = fresh[-1].offset
-        consumer._read_offset[tp] = fresh[-1].offset
-        applied += len(fresh)
+        fetched = records[tp]
+        if kind == "restore":
+            if len(fetched) < 2:
+                continue
+            records[tp] = fetched[-1:]  # the last one through Faust's path
+            fetched = fetched[:-1]
+        else:
+            del records[tp]
+            taken = True
+        applied[kind] += _write(consumer, recovery.buffers, table, tp, fetched, offsets=offsets)
     app = consumer.app
-    app.neardup_standby_records = getattr(app, "neardup_standby_records", 0) + applied
+    app.neardup_standby_records = getattr(app, "neardup_standby_records", 0) + applied["standby"]
+    app.neardup_restored_records = getattr(app, "neardup_restored_records", 0) + applied["restore"]
     if taken and not tables.standbys_ready and not recovery.standby_remaining_total():
         tables.on_standbys_ready()  # as Faust's recovery does after a standby's record
-    return applied
+    return applied["standby"] + applied["restore"]
+
+
+def _write(
+    consumer: Any, buffers: Any, table: Any, tp: Any, fetched: list[Any], *, offsets: Any
+) -> int:
+    """Write to ``table`` the records of ``fetched`` Faust would apply (``offsets``: the
+    recovery's offsets, active or standby), after the table's buffered records; how many."""
+    read = consumer._read_offset.get(tp)  # Faust's loop drops records below it
+    seen = offsets.get(tp)  # and its recovery those at or below it
+    fresh = [
+        _Change(tp, r)
+        for r in fetched
+        if (read is None or r.offset >= read) and (seen is None or r.offset > seen)
+    ]
+    if not fresh:
+        return 0
+    buffer = buffers.get(table)
+    if buffer:  # records of the table Faust's path took before, written first
+        table.apply_changelog_batch(buffer)
+        buffer.clear()
+    table.apply_changelog_batch(fresh)
+    offsets[tp] = fresh[-1].offset
+    consumer._read_offset[tp] = fresh[-1].offset
+    return len(fresh)
 
 
 def tune_fetch() -> None:

@@ -107,6 +107,11 @@ class _StageCollector:
                 "Changelog records written to this worker's standby replicas in bulk",
                 getattr(w.app, "neardup_standby_records", 0),
             ),
+            (
+                "neardup_restored_records",
+                "Changelog records written in bulk while restoring this worker's tables",
+                getattr(w.app, "neardup_restored_records", 0),
+            ),
         ):
             counter = CounterMetricFamily(name, doc)
             counter.add_metric([], value)
