@@ -39,6 +39,7 @@ the consumer thread and stalled partitions, and was taken out.)
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Container, Mapping
 from pathlib import Path
 from typing import Any
@@ -169,7 +170,8 @@ def bulk_standbys() -> None:
     began, the partition active in the fetch), at or after the consumer's read offset and
     after the recovery's offset for the partition, whose buffered records of the table
     are written first; none while Faust's changelog queue holds records its recovery has
-    not read. An active partition being restored is written the same way, all but the
+    not read, nor of a partition with a record handed to the recovery and not applied
+    yet (``_handed_over``). An active partition being restored is written the same way, all but the
     last record of each fetch, which goes through Faust's path: its recovery decides
     from those events when the restore is done (and so logs its progress). A partition
     whose table's store is not Faust's RocksDB store keeps Faust's path."""
@@ -243,6 +245,8 @@ def take_standbys(consumer: Any, records: dict[Any, list[Any]], active: Any) -> 
         table = recovery.tp_to_table.get(tp)
         if table is None or not isinstance(table.data, Store):
             continue
+        if _handed_over(consumer, tp, offsets):
+            continue
         fetched = records[tp]
         if kind == "restore":
             if len(fetched) < 2:
@@ -282,7 +286,25 @@ def _write(
     table.apply_changelog_batch(fresh)
     offsets[tp] = fresh[-1].offset
     consumer._read_offset[tp] = fresh[-1].offset
+    # Faust's recovery warns of a restore whose buffers were not written for 120 s
+    consumer.app.tables.recovery._last_flush_at = time.monotonic()
     return len(fresh)
+
+
+def _handed_over(consumer: Any, tp: Any, offsets: Any) -> bool:
+    """Whether Faust's loop has handed the recovery a record of ``tp`` that it has not
+    applied yet: the consumer's read offset (the last record the loop handed out, or
+    where a seek put it) past the recovery's offset (the last record applied). Such a
+    record may have left the changelog queue and not yet reached the recovery (its get
+    runs in a task of its own), so the queue being empty does not rule it out. Written
+    here first, later records would move the offset past it, and the recovery would drop
+    it as seen. Right after a seek this holds too, until Faust's path has taken one fetch
+    of the partition."""
+    read = consumer._read_offset.get(tp)
+    if read is None:
+        return False
+    seen = offsets.get(tp)
+    return seen is None or read > seen
 
 
 def tune_fetch() -> None:
