@@ -26,10 +26,11 @@ the consumer thread and stalled partitions, and was taken out.)
   a step's messages once their table records are handed over to the changelog's producer;
   no offset is committed now until those records are in the changelog, and none at all
   once a batch of them failed (``worker.kafka.tablekv.Changelog.settled``).
-* ``bulk_standbys``: the fetched records of a standby replica's changelog partitions are
-  written to its RocksDB store in one batch a partition, as Faust's recovery writes them,
-  instead of going through Faust's stream machinery one record at a time (a cost that
-  made two workers with standbys slower than one).
+* ``bulk_standbys``: the fetched records of a standby replica's changelog partitions, and
+  of a partition being restored (but the last of each fetch), are written to its RocksDB
+  store in one batch a partition, as Faust's recovery writes them, instead of going
+  through Faust's stream machinery one record at a time (a cost that made two workers
+  with standbys slower than one, and restores ten times slower).
 * ``fresh_assignments`` (of Faust's RocksDB ``Store``): a newly assigned table
   partition's database last caught up with its changelog longer ago than half the time
   the changelog keeps deletions is removed before Faust opens it, and restored whole
