@@ -39,6 +39,7 @@ the consumer thread and stalled partitions, and was taken out.)
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Container, Mapping
@@ -183,10 +184,14 @@ def bulk_standbys() -> None:
     async def _wait_next_records(self: Any, timeout: float) -> Any:
         began = self.app.consumer_generation_id
         records, active = await wait_next(self, timeout)
+        if not (isinstance(records, dict) and records):  # a fetch nothing else holds
+            return records, active
+        if _changelogs_in(self.app, records):
+            # let Faust's recovery (a task on this loop) first apply what its path took:
+            # otherwise the guards leave this fetch to that path too, and the next, ...
+            await _recovery_drained(self.app)
         if (
-            isinstance(records, dict)  # a fetch of its own, which nothing else holds
-            and records
-            and self.flow_active
+            self.flow_active
             and not self.should_stop
             and self.app.consumer_generation_id == began  # no rebalance meanwhile
         ):
@@ -194,6 +199,32 @@ def bulk_standbys() -> None:
         return records, active
 
     _once(Consumer, "_wait_next_records", _wait_next_records)
+
+
+#: How long a fetch of changelog records waits at most for Faust's recovery to read what
+#: its queue holds.
+DRAIN_WAIT_S = 1.0
+
+
+def _changelogs_in(app: Any, records: Any) -> bool:
+    recovery = getattr(getattr(app, "tables", None), "recovery", None)
+    if recovery is None:
+        return False
+    return any(tp in recovery.standby_tps or tp in recovery.active_tps for tp in records)
+
+
+async def _recovery_drained(app: Any) -> None:
+    """Wait, ``DRAIN_WAIT_S`` at most, until Faust's changelog queue is empty, then a few
+    event-loop turns more: the recovery's get runs in a task of its own, and applies the
+    record it took a turn or two later. Without it, a fetch that Faust's path took (the
+    first after a seek, or one a guard left to it) keeps records in the queue while the
+    next fetch arrives, so the guards leave that one to Faust's path too, and so on."""
+    queue = app.tables.changelog_queue
+    deadline = time.monotonic() + DRAIN_WAIT_S
+    while not queue.empty() and time.monotonic() < deadline:
+        await asyncio.sleep(0.001)
+    for _ in range(3):
+        await asyncio.sleep(0)
 
 
 class _Change:
