@@ -191,9 +191,10 @@ def test_a_mark_vouches_only_for_pages_that_reached_the_sequencer_before_it() ->
     seq.on_marks(2, [wire.Mark(0, 26)], at=113.0)
     assert list(seq.release()) == [(20, "y"), (50, "x")]  # in order: nothing late
     assert seq.late == 0
-    # a mark that only repeats the offset still moves the time on
-    assert seq.on_marks(2, [wire.Mark(0, 26)], at=114.0) == [0]
-    assert seq.on_marks(2, [wire.Mark(0, 26)], at=114.0) == []
+    # a mark that only repeats the offset still moves the time on, and says so apart
+    assert seq.on_marks(2, [wire.Mark(0, 26)], at=114.0) == ([], [0])
+    assert seq.on_marks(2, [wire.Mark(0, 26)], at=114.0) == ([], [])
+    assert seq.on_marks(2, [wire.Mark(0, 27)], at=115.0) == ([0], [])
 
 
 def test_a_page_waits_for_fresh_marks_only_so_long_then_the_last_ones_count() -> None:
@@ -500,6 +501,52 @@ def test_state_survives_a_reload(gold: list[Analysed]) -> None:
     stage.load()
     assert len(stage.sequencer) == pending
     assert stage.sequencer.progress[0].last_page == half - 1
+
+
+def test_an_idle_sequencer_stores_nothing_until_a_page_waits_for_a_marks_time(
+    gold: list[Analysed],
+) -> None:
+    """Marks come every few hundred ms from every raw partition, each with a newer time.
+    While no page is pending, a newer time alone is kept in memory and nothing is written
+    (an idle worker wrote to its state changelog twice a second a partition); a moved
+    offset is stored at once, and so is a newer time while a page waits for one. A reload
+    then holds the stored, older time: the restored page waits for a fresh mark."""
+    inner = ScanMemoryKV()
+    writes: list[int] = []
+    real_write = inner.write
+
+    def counted(records: Any, prefixes: Any = ()) -> None:
+        writes.append(len(records))
+        real_write(records, prefixes)
+
+    inner.write = counted  # type: ignore[method-assign]
+    stage = DecideStage(inner, CFG)
+    stage.arrived = 100.0
+    stage.accept(wire.PageMsg(0, 0, 2, gold[0]))
+    stage.accept(wire.MarksMsg(2, (wire.Mark(0, 1), wire.Mark(1, 0)), 101.0))
+    assert "decisions" in [e.topic for e in stage.release(5)]
+    n = len(writes)
+    for t in range(102, 110):  # idle: the same offsets, newer times
+        stage.accept(wire.MarksMsg(2, (wire.Mark(0, 1), wire.Mark(1, 0)), float(t)))
+    assert len(writes) == n
+    assert stage.sequencer.progress[1].vouched == 109.0  # in memory all the same
+    stage.accept(wire.MarksMsg(2, (wire.Mark(1, 1),), 110.0))  # an offset moved: stored
+    assert len(writes) == n + 1
+    stage.unload()
+    stage.load()
+    assert [stage.sequencer.progress[p].vouched for p in (0, 1)] == [101.0, 110.0]
+    # a page waits for partition 1 to vouch for it with a mark made after it arrived
+    stage.arrived = 111.0
+    stage.accept(wire.PageMsg(0, 1, 2, gold[1]))
+    stage.accept(wire.MarksMsg(2, (wire.Mark(0, 2),), 112.0))
+    assert stage.release(5) == [] and stage.sequencer.blocking() == [1]
+    n = len(writes)
+    stage.accept(wire.MarksMsg(2, (wire.Mark(1, 1),), 113.0))
+    assert len(writes) == n + 1  # a newer time alone, stored: a page waits for it
+    stage.unload()
+    stage.load()
+    assert stage.sequencer.progress[1].vouched == 113.0
+    assert "decisions" in [e.topic for e in stage.release(5)]
 
 
 def test_a_page_whose_decision_fails_is_dead_lettered_and_logged_with_its_offset(

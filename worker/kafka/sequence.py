@@ -177,10 +177,14 @@ class Sequencer:
         heapq.heappush(self._heap, key)
         return True
 
-    def on_marks(self, partitions: int, marks: Iterable[Mark], at: float = math.inf) -> list[int]:
-        """Apply marks made at ``at``; returns the partitions whose progress changed."""
+    def on_marks(
+        self, partitions: int, marks: Iterable[Mark], at: float = math.inf
+    ) -> tuple[list[int], list[int]]:
+        """Apply marks made at ``at``. Returns the partitions whose progress moved (a new
+        offset, or held pages that count now), and those whose mark time alone moved on."""
         self.partitions = max(self.partitions, partitions)
-        changed = []
+        moved: list[int] = []
+        retimed: list[int] = []
         for mark in marks:
             prog = self.progress.setdefault(mark.partition, Progress())
             if mark.through < prog.through:
@@ -188,11 +192,12 @@ class Sequencer:
             cleared = prog.clear(mark.through)
             # (a time replaces the infinity of marks stored before marks had one)
             vouched = at if prog.vouched == math.inf else max(prog.vouched, at)
-            if mark.through == prog.through and vouched == prog.vouched and not cleared:
-                continue
+            if mark.through != prog.through or cleared:
+                moved.append(mark.partition)
+            elif vouched != prog.vouched:
+                retimed.append(mark.partition)
             prog.through, prog.vouched = mark.through, vouched
-            changed.append(mark.partition)
-        return changed
+        return moved, retimed
 
     def _blockers(self, key: Key) -> Iterator[int]:
         """The partitions that can still deliver a page at or before ``key``."""

@@ -300,7 +300,13 @@ class DecideStage:
         out = [] if self.loaded else self.load()
         if isinstance(msg, MarksMsg):
             before = self.sequencer.partitions
-            changed = self.sequencer.on_marks(msg.partitions, msg.marks, msg.at)
+            moved, retimed = self.sequencer.on_marks(msg.partitions, msg.marks, msg.at)
+            # A mark's time only ever releases pages that reached the sequencer before
+            # it, so while none is pending a newer time alone is kept in memory: an idle
+            # worker then writes nothing. The stored time stays older, which after a
+            # restart only makes restored pages wait for fresh marks (as they would
+            # anyway for a partition that moved to another worker).
+            changed = moved + retimed if len(self.sequencer) else moved
             if changed or self.sequencer.partitions != before:
                 self._save_progress(changed)
                 self.journal.apply(0)
