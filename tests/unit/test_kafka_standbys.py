@@ -4,7 +4,7 @@ the same records Faust's recovery would apply, in the same order, and nothing el
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
+from collections import Counter, deque
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,14 +12,14 @@ from faust.stores.rocksdb import Store
 from faust.types import TP
 
 from worker.kafka import faustfix
-from worker.kafka.faustfix import take_standbys
+from worker.kafka.faustfix import take_changelogs
 
 STANDBY, OTHER, ACTIVE = TP("t-changelog", 0), TP("t-changelog", 1), TP("t-changelog", 2)
 RAW = TP("raw", 0)
 
 
 class _Table:
-    """What ``take_standbys`` uses of a table: its store, and Faust's batch write."""
+    """What ``take_changelogs`` uses of a table: its store, and Faust's batch write."""
 
     def __init__(self, store: Any) -> None:
         self.data = store
@@ -48,6 +48,9 @@ def _consumer(table: _Table, **kw: Any) -> Any:
         in_recovery=kw.get("restoring", False),
         buffers={table: list(kw.get("buffered", []))},
         standby_remaining_total=lambda: 0,
+        _processing_times=deque(),
+        _last_active_event_processed_at=kw.get("last_processed_at"),
+        num_samples_required_for_estimate=4,
     )
     queue: asyncio.Queue[Any] = asyncio.Queue()
     for event in kw.get("queued", []):
@@ -70,7 +73,7 @@ def test_a_standby_partitions_records_are_written_in_one_batch_and_taken_out() -
     table = _rocks_table()
     consumer = _consumer(table)
     records = {STANDBY: [_record(5, b"a"), _record(6, b"b", None)], RAW: [_record(9)]}
-    assert take_standbys(consumer, records, None) == 2
+    assert take_changelogs(consumer, records, None) == 2
     assert table.batches == [[(0, 5, b"a", b"v"), (0, 6, b"b", None)]]  # a tombstone too
     assert list(records) == [RAW]  # the raw page is left to Faust's loop
     recovery = consumer.app.tables.recovery
@@ -88,7 +91,7 @@ def test_records_faust_would_not_apply_are_not_applied() -> None:
         STANDBY: [_record(4), _record(5), _record(6), _record(7)],
         OTHER: [_record(3), _record(4), _record(5)],
     }
-    assert take_standbys(consumer, records, None) == 3
+    assert take_changelogs(consumer, records, None) == 3
     assert table.batches == [[(0, 6, b"k", b"v"), (0, 7, b"k", b"v")], [(1, 5, b"k", b"v")]]
     assert not records
 
@@ -99,15 +102,15 @@ def test_a_record_handed_to_the_recovery_and_not_applied_yet_holds_its_partition
     table = _rocks_table()
     consumer = _consumer(table, seen={STANDBY: 5}, read={STANDBY: 6})
     records = {STANDBY: [_record(7), _record(8)]}
-    assert take_standbys(consumer, records, None) == 0
+    assert take_changelogs(consumer, records, None) == 0
     assert records == {STANDBY: [_record(7), _record(8)]} and not table.batches
     consumer.app.tables.recovery.standby_offsets[STANDBY] = 6  # the recovery applied it
-    assert take_standbys(consumer, records, None) == 2
+    assert take_changelogs(consumer, records, None) == 2
     # after a seek the read offset is the next to read: one fetch goes through Faust's
     # path first; a partition the recovery holds no offset for, likewise
     consumer = _consumer(table, seen={STANDBY: 5}, read={STANDBY: 6, OTHER: 0})
     records = {STANDBY: [_record(6)], OTHER: [_record(0)]}
-    assert take_standbys(consumer, records, None) == 0
+    assert take_changelogs(consumer, records, None) == 0
     assert set(records) == {STANDBY, OTHER}
 
 
@@ -115,7 +118,7 @@ def test_the_tables_buffered_records_are_written_first() -> None:
     table = _rocks_table()
     earlier = SimpleNamespace(message=SimpleNamespace(partition=2, offset=1, key=b"x", value=b"1"))
     consumer = _consumer(table, buffered=[earlier])
-    take_standbys(consumer, {STANDBY: [_record(8)]}, None)
+    take_changelogs(consumer, {STANDBY: [_record(8)]}, None)
     assert table.batches == [[(2, 1, b"x", b"1")], [(0, 8, b"k", b"v")]]
     assert consumer.app.tables.recovery.buffers[table] == []
 
@@ -125,15 +128,15 @@ def test_actives_not_restoring_other_stores_and_partitions_not_fetched_keep_faus
     consumer = _consumer(table)
     records = {ACTIVE: [_record(1)], STANDBY: [_record(1)]}
     # a restore's active partition, and a standby the fetch did not ask for (paused)
-    assert take_standbys(consumer, records, {ACTIVE}) == 0
+    assert take_changelogs(consumer, records, {ACTIVE}) == 0
     assert set(records) == {ACTIVE, STANDBY} and not table.batches
     consumer._buffered_partitions.add(STANDBY)  # unless Faust hands it out all the same
-    assert take_standbys(consumer, records, {ACTIVE}) == 1
+    assert take_changelogs(consumer, records, {ACTIVE}) == 1
 
     memory = _Table(object())  # not Faust's RocksDB store
     consumer = _consumer(memory)
     records = {STANDBY: [_record(1)]}
-    assert take_standbys(consumer, records, None) == 0
+    assert take_changelogs(consumer, records, None) == 0
     assert STANDBY in records and not memory.batches
 
 
@@ -163,14 +166,14 @@ def test_nothing_is_taken_while_fausts_recovery_has_records_to_read() -> None:
     table = _rocks_table()
     consumer = _consumer(table, queued=[object()])
     records = {STANDBY: [_record(8)]}
-    assert take_standbys(consumer, records, None) == 0
+    assert take_changelogs(consumer, records, None) == 0
     assert STANDBY in records and not table.batches
 
 
 def test_standbys_are_ready_once_caught_up_even_with_nothing_new_to_write() -> None:
     table = _rocks_table()
     consumer = _consumer(table, seen={STANDBY: 8}, ready=False)
-    assert take_standbys(consumer, {STANDBY: [_record(8)]}, None) == 0  # read again
+    assert take_changelogs(consumer, {STANDBY: [_record(8)]}, None) == 0  # read again
     assert consumer.app.tables.standbys_ready
 
 
@@ -181,9 +184,30 @@ def test_a_restore_is_written_in_bulk_but_for_each_fetchs_last_record() -> None:
     consumer = _consumer(table, restoring=True, active_seen={ACTIVE: 3})
     last = _record(7)
     records = {ACTIVE: [_record(3), _record(4), _record(5, b"d", None), last]}
-    assert take_standbys(consumer, records, None) == 2
+    assert take_changelogs(consumer, records, None) == 2
     assert table.batches == [[(2, 4, b"k", b"v"), (2, 5, b"d", None)]]
     assert records == {ACTIVE: [last]}
     assert consumer.app.tables.recovery.active_offsets[ACTIVE] == 5
     assert consumer.app.neardup_restored_records == 2
-    assert take_standbys(consumer, {ACTIVE: [_record(8)]}, None) == 0  # one: Faust's
+    assert take_changelogs(consumer, {ACTIVE: [_record(8)]}, None) == 0  # one: Faust's
+
+
+def test_a_restore_in_bulk_keeps_fausts_estimate_of_the_time_left_per_record(
+    monkeypatch: Any,
+) -> None:
+    # Faust estimates the time left as the mean time between two records it applied
+    # times the records left: in bulk, a fetch's records share the time since the last
+    now = [100.0]
+    monkeypatch.setattr(faustfix.time, "monotonic", lambda: now[0])
+    table = _rocks_table()
+    consumer = _consumer(table, restoring=True, last_processed_at=99.0)
+    records = {ACTIVE: [_record(o) for o in range(11)]}
+    assert take_changelogs(consumer, records, None) == 10
+    recovery = consumer.app.tables.recovery
+    assert list(recovery._processing_times) == [0.1] * 4  # 1 s for 10 records; 4 kept
+    assert recovery._last_active_event_processed_at == 100.0
+    # standbys are not part of a restore's estimate
+    now[0] = 200.0
+    take_changelogs(consumer, {STANDBY: [_record(1), _record(2)]}, None)
+    assert list(recovery._processing_times) == [0.1] * 4
+    assert recovery._last_active_event_processed_at == 100.0

@@ -195,7 +195,7 @@ def bulk_standbys() -> None:
             and not self.should_stop
             and self.app.consumer_generation_id == began  # no rebalance meanwhile
         ):
-            take_standbys(self, records, active)
+            take_changelogs(self, records, active)
         return records, active
 
     _once(Consumer, "_wait_next_records", _wait_next_records)
@@ -242,10 +242,10 @@ class _Change:
         return self
 
 
-def take_standbys(consumer: Any, records: dict[Any, list[Any]], active: Any) -> int:
-    """``bulk_standbys`` for one fetch: apply and remove from ``records`` the records it
-    may take, of standby partitions and of active ones being restored (``active``: the
-    partitions fetched, None for every one). How many records it applied."""
+def take_changelogs(consumer: Any, records: dict[Any, list[Any]], active: Any) -> int:
+    """``bulk_standbys`` for one fetch: apply and remove from ``records`` the changelog
+    records it may take, of standby partitions and of active ones being restored
+    (``active``: the partitions fetched, None for every one). How many it applied."""
     from faust.stores.rocksdb import Store
 
     tables: Any = getattr(consumer.app, "tables", None)
@@ -288,7 +288,7 @@ def take_standbys(consumer: Any, records: dict[Any, list[Any]], active: Any) -> 
         else:
             del records[tp]
             taken = True
-        applied[kind] += _write(consumer, recovery.buffers, table, tp, fetched, offsets=offsets)
+        applied[kind] += _write(consumer, recovery, table, tp, fetched, restore=kind == "restore")
     app = consumer.app
     app.neardup_standby_records = getattr(app, "neardup_standby_records", 0) + applied["standby"]
     app.neardup_restored_records = getattr(app, "neardup_restored_records", 0) + applied["restore"]
@@ -298,10 +298,12 @@ def take_standbys(consumer: Any, records: dict[Any, list[Any]], active: Any) -> 
 
 
 def _write(
-    consumer: Any, buffers: Any, table: Any, tp: Any, fetched: list[Any], *, offsets: Any
+    consumer: Any, recovery: Any, table: Any, tp: Any, fetched: list[Any], *, restore: bool
 ) -> int:
-    """Write to ``table`` the records of ``fetched`` Faust would apply (``offsets``: the
-    recovery's offsets, active or standby), after the table's buffered records; how many."""
+    """Write to ``table`` the records of ``fetched`` Faust would apply, after the table's
+    buffered records; how many. ``restore``: ``tp`` is an active partition being restored,
+    not a standby."""
+    offsets = recovery.active_offsets if restore else recovery.standby_offsets
     read = consumer._read_offset.get(tp)  # Faust's loop drops records below it
     seen = offsets.get(tp)  # and its recovery those at or below it
     fresh = [
@@ -311,7 +313,7 @@ def _write(
     ]
     if not fresh:
         return 0
-    buffer = buffers.get(table)
+    buffer = recovery.buffers.get(table)
     if buffer:  # records of the table Faust's path took before, written first
         table.apply_changelog_batch(buffer)
         buffer.clear()
@@ -319,8 +321,26 @@ def _write(
     offsets[tp] = fresh[-1].offset
     consumer._read_offset[tp] = fresh[-1].offset
     # Faust's recovery warns of a restore whose buffers were not written for 120 s
-    consumer.app.tables.recovery._last_flush_at = time.monotonic()
+    recovery._last_flush_at = time.monotonic()
+    if restore:
+        _timed(recovery, len(fresh))
     return len(fresh)
+
+
+def _timed(recovery: Any, n: int) -> None:
+    """Keep Faust's estimate of a restore's remaining time true: it takes the mean time
+    between two records its loop applied (over the last
+    ``num_samples_required_for_estimate``) times the records left. Written in bulk, ``n``
+    records came between two of those; each gets its share of the time since the last."""
+    now = time.monotonic()
+    last = recovery._last_active_event_processed_at
+    if last is not None:
+        times = recovery._processing_times
+        keep = recovery.num_samples_required_for_estimate
+        times.extend([(now - last) / n] * min(n, keep))
+        while len(times) > keep:
+            times.popleft()
+    recovery._last_active_event_processed_at = now
 
 
 def _handed_over(consumer: Any, tp: Any, offsets: Any) -> bool:
