@@ -530,23 +530,36 @@ def test_an_idle_sequencer_stores_nothing_until_a_page_waits_for_a_marks_time(
         stage.accept(wire.MarksMsg(2, (wire.Mark(0, 1), wire.Mark(1, 0)), float(t)))
     assert len(writes) == n
     assert stage.sequencer.progress[1].vouched == 109.0  # in memory all the same
-    stage.accept(wire.MarksMsg(2, (wire.Mark(1, 1),), 110.0))  # an offset moved: stored
-    assert len(writes) == n + 1
+    # a page that reached the sequencer before partition 1's last mark: in memory that
+    # mark vouches for it; stored, partition 1 vouches as of 101 only
+    stage.arrived = 108.0
+    stage.accept(wire.PageMsg(0, 1, 2, gold[1]))
+    assert stage.sequencer.blocking() == [0]
     stage.unload()
     stage.load()
-    assert [stage.sequencer.progress[p].vouched for p in (0, 1)] == [101.0, 110.0]
-    # a page waits for partition 1 to vouch for it with a mark made after it arrived
-    stage.arrived = 111.0
-    stage.accept(wire.PageMsg(0, 1, 2, gold[1]))
-    stage.accept(wire.MarksMsg(2, (wire.Mark(0, 2),), 112.0))
+    assert stage.sequencer.progress[1].vouched == 101.0
+    assert stage.sequencer.blocking() == [0, 1]  # restored, it waits for a fresh mark
+    stage.accept(wire.MarksMsg(2, (wire.Mark(0, 2),), 110.0))  # an offset moved: stored
     assert stage.release(5) == [] and stage.sequencer.blocking() == [1]
     n = len(writes)
-    stage.accept(wire.MarksMsg(2, (wire.Mark(1, 1),), 113.0))
+    stage.accept(wire.MarksMsg(2, (wire.Mark(1, 0),), 111.0))
     assert len(writes) == n + 1  # a newer time alone, stored: a page waits for it
     stage.unload()
     stage.load()
-    assert stage.sequencer.progress[1].vouched == 113.0
+    assert stage.sequencer.progress[1].vouched == 111.0
     assert "decisions" in [e.topic for e in stage.release(5)]
+
+
+def test_a_first_timed_mark_after_progress_stored_without_a_time_is_stored() -> None:
+    """Progress stored before marks had a time vouches for every page (an infinite time).
+    A first timed mark makes it stricter, not newer: kept only in memory, a reload would
+    bring back the infinity, and a page would go without the partition vouching for it."""
+    seq = Sequencer()
+    seq.restore(
+        2, [(0, Progress(5, 10, 6, math.inf)), (1, Progress(-1, None, 0, math.inf))], [], None
+    )
+    assert seq.on_marks(2, [wire.Mark(0, 6), wire.Mark(1, 0)], at=100.0) == ([0, 1], [])
+    assert seq.on_marks(2, [wire.Mark(0, 6), wire.Mark(1, 0)], at=101.0) == ([], [0, 1])
 
 
 def test_a_page_whose_decision_fails_is_dead_lettered_and_logged_with_its_offset(

@@ -15,6 +15,7 @@ from worker.kafka import faustfix
 from worker.kafka.faustfix import take_changelogs
 
 STANDBY, OTHER, ACTIVE = TP("t-changelog", 0), TP("t-changelog", 1), TP("t-changelog", 2)
+ACTIVE2 = TP("t-changelog", 3)
 RAW = TP("raw", 0)
 
 
@@ -41,8 +42,8 @@ def _record(offset: int, key: bytes = b"k", value: bytes | None = b"v") -> Any:
 def _consumer(table: _Table, **kw: Any) -> Any:
     recovery = SimpleNamespace(
         standby_tps={STANDBY, OTHER},
-        active_tps={ACTIVE},
-        tp_to_table={STANDBY: table, OTHER: table, ACTIVE: table},
+        active_tps={ACTIVE, ACTIVE2},
+        tp_to_table={STANDBY: table, OTHER: table, ACTIVE: table, ACTIVE2: table},
         standby_offsets=Counter(kw.get("seen", {})),
         active_offsets=Counter(kw.get("active_seen", {})),
         in_recovery=kw.get("restoring", False),
@@ -196,15 +197,19 @@ def test_a_restore_in_bulk_keeps_fausts_estimate_of_the_time_left_per_record(
     monkeypatch: Any,
 ) -> None:
     # Faust estimates the time left as the mean time between two records it applied
-    # times the records left: in bulk, a fetch's records share the time since the last
+    # times the records left: in bulk, a fetch's records share the time since the last,
+    # those of every partition it restores
     now = [100.0]
     monkeypatch.setattr(faustfix.time, "monotonic", lambda: now[0])
     table = _rocks_table()
-    consumer = _consumer(table, restoring=True, last_processed_at=99.0)
-    records = {ACTIVE: [_record(o) for o in range(11)]}
-    assert take_changelogs(consumer, records, None) == 10
+    consumer = _consumer(table, restoring=True, last_processed_at=98.0)
+    records = {
+        ACTIVE: [_record(o) for o in range(11)],
+        ACTIVE2: [_record(o) for o in range(11)],
+    }
+    assert take_changelogs(consumer, records, None) == 20
     recovery = consumer.app.tables.recovery
-    assert list(recovery._processing_times) == [0.1] * 4  # 1 s for 10 records; 4 kept
+    assert list(recovery._processing_times) == [0.1] * 4  # 2 s for 20 records; 4 kept
     assert recovery._last_active_event_processed_at == 100.0
     # standbys are not part of a restore's estimate
     now[0] = 200.0

@@ -289,6 +289,8 @@ def take_changelogs(consumer: Any, records: dict[Any, list[Any]], active: Any) -
             del records[tp]
             taken = True
         applied[kind] += _write(consumer, recovery, table, tp, fetched, restore=kind == "restore")
+    if applied["restore"]:
+        _timed(recovery, applied["restore"])
     app = consumer.app
     app.neardup_standby_records = getattr(app, "neardup_standby_records", 0) + applied["standby"]
     app.neardup_restored_records = getattr(app, "neardup_restored_records", 0) + applied["restore"]
@@ -322,8 +324,6 @@ def _write(
     consumer._read_offset[tp] = fresh[-1].offset
     # Faust's recovery warns of a restore whose buffers were not written for 120 s
     recovery._last_flush_at = time.monotonic()
-    if restore:
-        _timed(recovery, len(fresh))
     return len(fresh)
 
 
@@ -331,7 +331,8 @@ def _timed(recovery: Any, n: int) -> None:
     """Keep Faust's estimate of a restore's remaining time true: it takes the mean time
     between two records its loop applied (over the last
     ``num_samples_required_for_estimate``) times the records left. Written in bulk, ``n``
-    records came between two of those; each gets its share of the time since the last."""
+    records (of every partition a fetch restores) came between two of those; each gets
+    its share of the time since the last."""
     now = time.monotonic()
     last = recovery._last_active_event_processed_at
     if last is not None:

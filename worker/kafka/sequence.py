@@ -192,7 +192,8 @@ class Sequencer:
             cleared = prog.clear(mark.through)
             # (a time replaces the infinity of marks stored before marks had one)
             vouched = at if prog.vouched == math.inf else max(prog.vouched, at)
-            if mark.through != prog.through or cleared:
+            # (a first time after the infinity is stricter, not newer: it moves too)
+            if mark.through != prog.through or cleared or prog.vouched == math.inf:
                 moved.append(mark.partition)
             elif vouched != prog.vouched:
                 retimed.append(mark.partition)
