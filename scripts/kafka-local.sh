@@ -27,6 +27,10 @@
 #   NEARDUP_KAFKA_HEAP        JVM heap flags (default: "-Xms256m -Xmx512m")
 #   NEARDUP_KAFKA_JAVA_OPTS   extra JVM flags (e.g. a JAAS config for SASL)
 #   NEARDUP_KAFKA_START_TIMEOUT  seconds to wait for readiness (default: 90)
+#   NEARDUP_KAFKA_GROUP_DELAY_MS  group.initial.rebalance.delay.ms: how long a new group
+#                             waits for more members before its first assignment
+#                             (default: 0, so that tests' groups form at once; Kafka's
+#                             own default, a production broker's, is 3000)
 #   JAVA, MVN                 java / mvn binaries (default: from PATH)
 #
 # Secured mode (opt-in; the default above is unchanged): with NEARDUP_KAFKA_SECURE=1 the
@@ -75,6 +79,7 @@ HOST="127.0.0.1"
 read -r -a HEAP_OPTS <<<"${NEARDUP_KAFKA_HEAP:--Xms256m -Xmx512m}"
 read -r -a EXTRA_JAVA_OPTS <<<"${NEARDUP_KAFKA_JAVA_OPTS:-}"
 START_TIMEOUT="${NEARDUP_KAFKA_START_TIMEOUT:-90}"
+GROUP_DELAY_MS="${NEARDUP_KAFKA_GROUP_DELAY_MS:-0}"
 SECURE="${NEARDUP_KAFKA_SECURE:-0}"
 SASL_PORT="${NEARDUP_KAFKA_SASL_PORT:-$((PORT + 2))}"
 SASL_SSL_PORT="${NEARDUP_KAFKA_SASL_SSL_PORT:-$((PORT + 3))}"
@@ -236,6 +241,8 @@ print_servers() {
 # settings (secure_properties).
 write_server_properties() {
     local listeners="PLAINTEXT://$HOST:$PORT" protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    [[ "$GROUP_DELAY_MS" =~ ^[0-9]+$ ]] ||
+        die "NEARDUP_KAFKA_GROUP_DELAY_MS: a number of milliseconds, not '$GROUP_DELAY_MS'"
     if secure; then
         listeners+=",SASL_PLAINTEXT://$HOST:$SASL_PORT"
         protocols+=",SASL_PLAINTEXT:SASL_PLAINTEXT"
@@ -275,7 +282,7 @@ num.partitions=1
 # docker-compose.yml; Kafka's default of 1 MiB would refuse ordinary large pages.
 message.max.bytes=23068672
 auto.create.topics.enable=true
-group.initial.rebalance.delay.ms=0
+group.initial.rebalance.delay.ms=$GROUP_DELAY_MS
 num.network.threads=2
 num.io.threads=4
 num.recovery.threads.per.data.dir=1
