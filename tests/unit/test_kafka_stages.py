@@ -41,6 +41,19 @@ class ScanMemoryKV(MemoryKV):
         yield from sorted((k, v) for k, v in self.data.items() if k.startswith(prefix))
 
 
+def _count_writes(kv: MemoryKV) -> list[int]:
+    """The number of records of each ``write`` made on ``kv`` from now on."""
+    writes: list[int] = []
+    real_write = kv.write
+
+    def counted(records: Any, prefixes: Any = ()) -> None:
+        writes.append(len(records))
+        real_write(records, prefixes)
+
+    kv.write = counted  # type: ignore[method-assign]
+    return writes
+
+
 def _analysed(msg: dict[str, str]) -> Analysed:
     [out] = analyse_messages([line(msg).encode()], CFG, Stats())
     assert isinstance(out, Analysed), out
@@ -386,14 +399,7 @@ def test_a_buffered_step_reaches_the_journal_and_the_tables_in_one_write() -> No
 
     inner = ScanMemoryKV()
     inner.put_many(before)
-    writes: list[int] = []
-    real_write = inner.write
-
-    def counted(records: Any, prefixes: Any = ()) -> None:
-        writes.append(len(records))
-        real_write(records, prefixes)
-
-    inner.write = counted  # type: ignore[method-assign]
+    writes = _count_writes(inner)
     journal = JournalKV(inner)
     step(journal)
     journal.apply(1)
@@ -512,14 +518,7 @@ def test_an_idle_sequencer_stores_nothing_until_a_page_waits_for_a_marks_time(
     offset is stored at once, and so is a newer time while a page waits for one. A reload
     then holds the stored, older time: the restored page waits for a fresh mark."""
     inner = ScanMemoryKV()
-    writes: list[int] = []
-    real_write = inner.write
-
-    def counted(records: Any, prefixes: Any = ()) -> None:
-        writes.append(len(records))
-        real_write(records, prefixes)
-
-    inner.write = counted  # type: ignore[method-assign]
+    writes = _count_writes(inner)
     stage = DecideStage(inner, CFG)
     stage.arrived = 100.0
     stage.accept(wire.PageMsg(0, 0, 2, gold[0]))
