@@ -813,6 +813,58 @@ def test_a_routing_step_writes_once_and_answers_as_one_by_one(gold: list[Analyse
     )
 
 
+@settings(max_examples=50, deadline=None)
+@given(rows=st.lists(st.tuples(st.binary(min_size=36, max_size=36), st.integers(0, 2**64 - 1))))
+def test_a_buckets_value_holds_its_entries_and_their_numbers(
+    rows: list[tuple[bytes, int]],
+) -> None:
+    from worker.kafka.route import pack_bucket, unpack_bucket
+
+    entries = b"".join(e for e, _ in rows)
+    seqs = np.array([q for _, q in rows], dtype="<u8").tobytes()
+    value = pack_bucket(entries, seqs)
+    assert len(value) % 2 == 1  # never the length of entries alone (36 bytes each)
+    assert unpack_bucket(value) == (entries, seqs)
+    if rows:  # one more entry appends to the value: an undo record keeps only its length
+        more = pack_bucket(entries + rows[0][0], seqs + seqs[:8])
+        assert more.startswith(value)
+
+
+def test_buckets_written_with_their_numbers_beside_them_are_read_and_rewritten(
+    gold: list[Analysed],
+) -> None:
+    """A bucket written before its sequence numbers moved into its value keeps them under
+    a key of its own: it answers as before, and the first probe that adds to it writes it
+    in the new layout and deletes that key, in the same step."""
+    from worker.kafka.route import _SEQS, pack_bucket, probe_store, unpack_bucket
+
+    index = DecideStage(ScanMemoryKV(), CFG).engine.index
+    keys = (b"bucket-a", b"bucket-b", b"bucket-c")
+    probes = [
+        wire.ProbeMsg(i, a.pid, True, np.asarray(make_entry(a.pid, a.fps, a.order)).tobytes(), keys)
+        for i, a in enumerate(gold[:6])
+    ]
+    new, old = ScanMemoryKV(), ScanMemoryKV()
+    for m in probes[:3]:
+        probe_store(index, new, m)
+    for key, value in list(new.data.items()):  # the same buckets, in the layout before
+        entries, seqs = unpack_bucket(value)
+        old.put_many([(key, entries), (key + _SEQS, seqs)])
+    looked = wire.ProbeMsg(3, gold[3].pid, False, probes[3].entry, keys[:2])
+    assert probe_store(index, old, looked) == probe_store(index, new, looked)
+    assert len(old.data) == 6  # only looked at: left as it was
+    # a probe sent again answers the same from either layout, and adds nothing
+    assert probe_store(index, old, probes[1]) == probe_store(index, new, probes[1])
+    for m in probes[3:]:
+        assert probe_store(index, old, m) == probe_store(index, new, m)
+    assert old.data == new.data  # rewritten: the numbers' keys are gone
+    assert not any(k.endswith(_SEQS) for k in old.data)
+    entries, seqs = unpack_bucket(new.data[keys[0]])
+    assert len(entries) == 6 * ENTRY.itemsize
+    assert np.frombuffer(seqs, dtype="<u8").tolist() == [0, 1, 2, 3, 4, 5]
+    assert pack_bucket(entries, seqs) == new.data[keys[0]]
+
+
 # -- crashes: the store keeps a prefix of its writes, the input is delivered again ---------
 
 

@@ -10,8 +10,9 @@ a sequence number. For a page it sends, in that order,
 
 One producer writes all probes in sequence order, so every bucket partition sees the pages
 in that order, and a probe that adds on arrival gives each page exactly the buckets the
-sequential engine would read. Each bucket keeps the sequence number of every entry, so a
-probe sent again (after a restart) answers the same.
+sequential engine would read. Each bucket keeps the sequence number of every entry, in
+its value beside the entry (``pack_bucket``), so a probe sent again (after a restart)
+answers the same.
 
 When a page's answers are all in, ``Engine.decide`` runs over ``RoutedKV``: bucket reads
 are served from the answers; the first sketch read raises ``NeedKeys``, the sketches are
@@ -62,8 +63,15 @@ log = logging.getLogger(__name__)
 
 _FLIGHT = b"\x01I"  # + seq (8 bytes) -> a page in flight: {"a", "ts", "repeat"}
 _NEXT_SEQ = b"\x01S"  # -> the next sequence number
-_SEQS = b"\x00seq"  # suffix of a bucket's sequence numbers, beside the bucket
-_SEQ = struct.Struct("<Q")  # one of them
+_SEQ = struct.Struct("<Q")  # a bucket entry's sequence number
+#: A bucket's value: this tag, then each entry (``ENTRY``) followed by the sequence number
+#: of the page that added it, so that adding an entry appends to the value. Its length is
+#: odd. A bucket written before the numbers moved into it holds its entries alone (an even
+#: length) and its numbers under ``key + _SEQS``, until a probe adds to it.
+_PACKED_TAG = b"\x01"
+_ROW = ENTRY.itemsize + _SEQ.size
+_SEQS = b"\x00seq"
+assert ENTRY.itemsize % 2 == 0 and _ROW % 2 == 0  # the lengths tell the layouts apart
 
 
 def route(key: bytes, partitions: int) -> int:
@@ -208,22 +216,58 @@ def _probe_filled(
     return answer, (value, np.array(new_seqs, dtype="<u8").tobytes())
 
 
+def pack_bucket(entries: bytes, seqs: bytes) -> bytes:
+    """A bucket's value from its entries and their sequence numbers (see ``_PACKED_TAG``)."""
+    n = len(entries) // ENTRY.itemsize
+    if n == 1:  # nearly every bucket a page adds to
+        return _PACKED_TAG + entries + seqs
+    rows = np.empty((n, _ROW), dtype=np.uint8)
+    rows[:, : ENTRY.itemsize] = np.frombuffer(entries, dtype=np.uint8).reshape(n, ENTRY.itemsize)
+    rows[:, ENTRY.itemsize :] = np.frombuffer(seqs, dtype=np.uint8).reshape(n, _SEQ.size)
+    return _PACKED_TAG + rows.tobytes()
+
+
+def unpack_bucket(value: bytes) -> tuple[bytes, bytes]:
+    """A bucket's entries and their sequence numbers, from its value (``pack_bucket``)."""
+    if len(value) == 1 + _ROW:
+        return value[1 : 1 + ENTRY.itemsize], value[1 + ENTRY.itemsize :]
+    rows = np.frombuffer(value, dtype=np.uint8, offset=1).reshape(-1, _ROW)
+    return rows[:, : ENTRY.itemsize].tobytes(), rows[:, ENTRY.itemsize :].tobytes()
+
+
 def probe_store(
     index: KVIndex, kv: KV, probe: ProbeMsg, counts: ProbeCounts | None = None
 ) -> AnswerMsg:
     """A probe against the buckets kept in ``kv`` (the probes partition's table)."""
     keys = list(dict.fromkeys(probe.keys))
-    raw = kv.get_many([k for key in keys for k in (key, key + _SEQS)])
-    answers, writes = [], []
-    for i, key in enumerate(keys):
-        answer, new = probe_bucket(index, raw[2 * i], raw[2 * i + 1], probe)
+    raw = kv.get_many(keys)
+    # buckets written before the numbers moved into them: the numbers are beside them
+    old = [
+        key
+        for key, value in zip(keys, raw, strict=True)
+        if value is not None and not len(value) % 2
+    ]
+    beside = dict(zip(old, kv.get_many([k + _SEQS for k in old]), strict=True)) if old else {}
+    answers, writes, gone = [], [], []
+    for key, value in zip(keys, raw, strict=True):
+        if value is None:
+            stored, seqs = None, None
+        elif key in beside:
+            stored, seqs = value, beside[key]
+        else:
+            stored, seqs = unpack_bucket(value)
+        answer, new = probe_bucket(index, stored, seqs, probe)
         answers.append((key, answer))
         if new is not None:
-            writes += [(key, new[0]), (key + _SEQS, new[1])]
+            writes.append((key, pack_bucket(*new)))
+            if key in beside:
+                gone.append(key + _SEQS)
     if counts is not None:
         counts.probes += 1
     if writes:
         kv.put_many(writes)
+    if gone:
+        kv.delete_many(gone)
     return AnswerMsg(probe.seq, tuple(answers))
 
 
