@@ -160,7 +160,7 @@ def bulk_standbys() -> None:
     put and a ``wait_for`` on the queue's get in ``Recovery._slurp_changelogs``, with two
     f-strings formatted for debug logs, before the record joins a buffer that is written
     to the table's store 1,000 at a time. That path suits the few, framed messages of the
-    worker's own topics. A page writes about 85 changelog records, and each worker
+    worker's own topics. A page writes about 60 changelog records, and each worker
     applies the other workers' records to its standby replicas: two workers with one
     standby replica each made fewer pages/s than one worker (``bench/worker.py``).
 

@@ -258,6 +258,10 @@ def probe_store(
             stored, seqs = unpack_bucket(value)
         answer, new = probe_bucket(index, stored, seqs, probe)
         answers.append((key, answer))
+        if new is None and key in beside and probe.append:
+            # one that takes nothing (full, or holding the page already) changes layout
+            # all the same: a full bucket would otherwise keep its numbers beside it
+            new = (value or b"", beside[key] or b"")
         if new is not None:
             writes.append((key, pack_bucket(*new)))
             if key in beside:
