@@ -557,6 +557,7 @@ def test_a_first_timed_mark_after_progress_stored_without_a_time_is_stored() -> 
     seq.restore(
         2, [(0, Progress(5, 10, 6, math.inf)), (1, Progress(-1, None, 0, math.inf))], [], None
     )
+    assert seq.on_marks(2, [wire.Mark(0, 6)]) == ([], [])  # an untimed mark: no change
     assert seq.on_marks(2, [wire.Mark(0, 6), wire.Mark(1, 0)], at=100.0) == ([0, 1], [])
     assert seq.on_marks(2, [wire.Mark(0, 6), wire.Mark(1, 0)], at=101.0) == ([], [0, 1])
 

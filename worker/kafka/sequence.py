@@ -193,7 +193,8 @@ class Sequencer:
             # (a time replaces the infinity of marks stored before marks had one)
             vouched = at if prog.vouched == math.inf else max(prog.vouched, at)
             # (a first time after the infinity is stricter, not newer: it moves too)
-            if mark.through != prog.through or cleared or prog.vouched == math.inf:
+            stricter = prog.vouched == math.inf and vouched != math.inf
+            if mark.through != prog.through or cleared or stricter:
                 moved.append(mark.partition)
             elif vouched != prog.vouched:
                 retimed.append(mark.partition)
