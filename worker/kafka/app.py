@@ -266,9 +266,9 @@ class Worker:
         kv = TableKV(self.state_table, self.changelog)
         wait = settings.order_wait_ms / 1000 if settings.order_wait_ms else math.inf
         self.stage = (
-            RoutedStage(kv, self.cfg, settings.partitions, order_wait=wait)
+            RoutedStage(kv, self.cfg, settings.partitions, order_wait=wait, hold=True)
             if self.routed
-            else DecideStage(kv, self.cfg, order_wait=wait)
+            else DecideStage(kv, self.cfg, order_wait=wait, hold=True)
         )
         self.analyse_stats = Stats()
         self.probe_counts = ProbeCounts()
@@ -578,20 +578,27 @@ class Worker:
                 continue
             try:
                 with event_context(event):
-                    self.stage.offset = msg.offset
-                    self.stage.topic = msg.topic
-                    self.stage.arrived = float(msg.timestamp or -math.inf)
-                    if not confirmed:
-                        self.stage.confirm(self._committed(msg.tp))
-                        confirmed = True
-                    for decoded in items:
-                        emits += self.stage.accept(decoded)
-                    emits += self.stage.release(RELEASE_BATCH)
-                    while self.stage.busy():
-                        if len(emits) > RELEASE_BATCH:
-                            await self._flush_publish(emits)
-                            emits = []
+                    try:
+                        self.stage.offset = msg.offset
+                        self.stage.topic = msg.topic
+                        self.stage.arrived = float(msg.timestamp or -math.inf)
+                        if not confirmed:
+                            self.stage.confirm(self._committed(msg.tp))
+                            confirmed = True
+                        for decoded in items:
+                            emits += self.stage.accept(decoded)
                         emits += self.stage.release(RELEASE_BATCH)
+                        while self.stage.busy():
+                            if len(emits) > RELEASE_BATCH:
+                                self.stage.commit()
+                                await self._flush_publish(emits)
+                                emits = []
+                            emits += self.stage.release(RELEASE_BATCH)
+                    finally:
+                        # the message's steps, written as one (in its partition's store);
+                        # after a failed write nothing more is written
+                        if not self.changelog.failed:
+                            self.stage.commit()
             except Exception:
                 log.exception(
                     "sequencer failed topic=%s partition=%s offset=%s",

@@ -12,6 +12,19 @@ decided again, it would count in its host's template statistics twice.
 The one exception is ``put_unjournaled``: a value written just before a journal value
 and left out of it (a pending page, several KiB that the journal would otherwise hold a
 second time), for a write that its input, read again after a crash, makes again.
+
+With ``hold`` on, ``apply`` ends a step without writing it, and ``flush`` writes the
+steps applied since the last one as one step: their unjournaled puts, one journal value
+holding all their writes, then the writes, each key once with its last value, page
+records last. Reads see the steps held; ``discard`` drops only the step under way. The
+worker's sequencer flushes once a message (a framed batch of pages and answers, whose
+release loop may decide hundreds of pages) and before it publishes anything, so nothing
+is published or acknowledged before the steps that led to it are written. A key that
+several of those steps write (the last released key, the next sequence number, a host's
+record, the journal itself) then reaches the store and its changelog once: on the dev
+pages, one worker wrote 26.8 records a page to the state's changelog instead of 35.3
+(journal values 0.05 a page instead of 3), in one RocksDB write a message instead of
+about three a page.
 """
 
 from __future__ import annotations
@@ -34,10 +47,19 @@ Op = tuple[int, bytes, bytes | None]
 
 
 def _ordered(ops: list[Op]) -> list[Op]:
-    # the page record last: once it is in the changelog, so is everything else of the page
-    return [op for op in ops if not op[1].startswith(_RECORD_PREFIX) or op[0] != _PUT] + [
-        op for op in ops if op[1].startswith(_RECORD_PREFIX) and op[0] == _PUT
+    """``ops`` with the page records' puts last: once one is in the changelog, so is
+    everything else of its page. (A put of a key that a later op also writes or deletes
+    keeps its place, or the reordering would change what the key ends as.)"""
+    last = {op[1]: i for i, op in enumerate(ops)}
+    moved = [
+        i
+        for i, (kind, key, _) in enumerate(ops)
+        if kind == _PUT and key.startswith(_RECORD_PREFIX) and last[key] == i
     ]
+    if not moved:
+        return ops
+    at = set(moved)
+    return [op for i, op in enumerate(ops) if i not in at] + [ops[i] for i in moved]
 
 
 def encode_ops(tag: int, ops: Sequence[Op]) -> bytes:
@@ -71,15 +93,51 @@ def decode_ops(raw: bytes) -> tuple[int, list[Op]]:
 
 
 class JournalKV:
-    """Reads go to ``inner``; writes are held until ``apply`` journals and writes them."""
+    """Reads go to ``inner`` (and the steps held); writes are held until ``apply``
+    journals and writes them (or, with ``hold``, until ``flush``)."""
 
-    def __init__(self, inner: ScanKV) -> None:
+    def __init__(self, inner: ScanKV, *, hold: bool = False) -> None:
         self.inner = inner
+        #: Whether ``apply`` leaves its step to ``flush`` (see the module docstring).
+        self.hold = hold
         self._ops: list[Op] = []
         self._early: list[tuple[bytes, bytes | None]] = []
+        # the steps applied and held: their ops and unjournaled puts in order, the last
+        # tag, and what a read must see of them (a key's value, None for deleted, and
+        # the prefixes deleted, for keys not in ``_seen``)
+        # the steps applied and held: what a read must see of them (a key's value, None
+        # for deleted; the prefixes deleted, for keys not in ``_seen``), the keys their
+        # journalled writes set (the others in ``_seen`` are unjournaled puts alone),
+        # the unjournaled keys in order, and the last step's tag
+        self._seen: dict[bytes, bytes | None] = {}
+        self._gone: list[bytes] = []
+        self._written: set[bytes] = set()
+        self._early_keys: list[bytes] = []
+        self._held_tag = 0
+
+    @property
+    def holding(self) -> bool:
+        """Whether steps wait for ``flush``."""
+        return bool(self._seen or self._gone)
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        return self.inner.get_many(keys)
+        if not self.holding:
+            return self.inner.get_many(keys)
+        seen, gone = self._seen, self._gone
+        out: list[bytes | None] = []
+        misses: list[int] = []
+        for i, k in enumerate(keys):
+            if k in seen:
+                out.append(seen[k])
+            else:
+                out.append(None)
+                if not any(k.startswith(p) for p in gone):
+                    misses.append(i)
+        if misses:
+            found = self.inner.get_many([keys[i] for i in misses])
+            for i, v in zip(misses, found, strict=True):
+                out[i] = v
+        return out
 
     def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
         self._ops.extend((_PUT, k, v) for k, v in items)
@@ -107,25 +165,96 @@ class JournalKV:
         self._ops.extend((_DELETE, k, None) if v is None else (_PUT, k, v) for k, v in records)
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        return self.inner.scan(prefix)
+        if not self.holding:
+            yield from self.inner.scan(prefix)
+            return
+        seen, gone = self._seen, self._gone
+        items = {
+            k: v
+            for k, v in self.inner.scan(prefix)
+            if k not in seen and not any(k.startswith(p) for p in gone)
+        }
+        items.update((k, v) for k, v in seen.items() if v is not None and k.startswith(prefix))
+        yield from sorted(items.items())
 
     def close(self) -> None:
-        self.discard()
+        self.close_steps()
         self.inner.close()
 
+    def close_steps(self) -> None:
+        """Drop the step under way and the steps held, unwritten."""
+        self.discard()
+        self._drop_held()
+
     def discard(self) -> None:
+        """Drop the step under way (the steps applied and held stay)."""
         self._ops.clear()
         self._early.clear()
 
     def apply(self, tag: int) -> None:
-        """Write the unjournaled puts, the journal, then the held writes (the page record
-        last), in one batch."""
-        ops = _ordered(self._ops)
-        early, self._ops, self._early = self._early, [], []
-        if ops or early:
+        """End the step: write the unjournaled puts, the journal, then the held writes
+        (the page record last), in one batch; with ``hold``, leave it to ``flush``."""
+        ops, early = self._ops, self._early
+        self._ops, self._early = [], []
+        if not (ops or early):
+            return
+        if not self.hold:
+            ordered = _ordered(ops)
             # a journal value even with no ops: the last one is never older than a write
             # made without one, which ``redo_last`` would otherwise undo
-            self._write(ops, [*early, (JOURNAL_KEY, encode_ops(tag, ops))])
+            self._write(ordered, [*early, (JOURNAL_KEY, encode_ops(tag, ordered))])
+            return
+        seen, gone = self._seen, self._gone
+        if any(k in seen or any(k.startswith(p) for p in gone) for k, _ in early):
+            # a key a held step wrote, or under a prefix one deleted: the steps held are
+            # written first (the prefix's deletes would take a put written before the
+            # journal; and the value stays out of the journal)
+            self.flush()
+            seen, gone = self._seen, self._gone
+        for k, v in early:
+            seen[k] = v
+            self._early_keys.append(k)
+        written = self._written
+        for kind, key, value in ops:
+            if kind == _DELETE_PREFIX:
+                for k in seen:
+                    if k.startswith(key):
+                        seen[k] = None
+                        written.add(k)
+                gone.append(key)
+            else:
+                seen[key] = value if kind == _PUT else None
+                written.add(key)
+        self._held_tag = tag
+
+    def flush(self) -> None:
+        """Write the steps held as one step: each key once, with its last value (see the
+        module docstring)."""
+        if not self.holding:
+            return
+        seen, written, tag = self._seen, self._written, self._held_tag
+        # the prefixes first (each once, none inside another): a key written after one is
+        # deleted with them, then put; a key deleted since needs no delete of its own
+        gone = sorted(set(self._gone))
+        gone = [p for i, p in enumerate(gone) if not any(p.startswith(q) for q in gone[:i])]
+        ops: list[Op] = [(_DELETE_PREFIX, p, None) for p in gone]
+        for k, v in seen.items():
+            if k not in written:
+                continue
+            if v is not None:
+                ops.append((_PUT, k, v))
+            elif not any(k.startswith(p) for p in gone):
+                ops.append((_DELETE, k, None))
+        ops = _ordered(ops)
+        # an unjournaled put that a held step overwrote or deleted is left out: the
+        # journal holds the key's end
+        early = [(k, seen[k]) for k in dict.fromkeys(self._early_keys) if k not in written]
+        self._drop_held()
+        self._write(ops, [*early, (JOURNAL_KEY, encode_ops(tag, ops))])
+
+    def _drop_held(self) -> None:
+        self._held_tag = 0
+        self._seen, self._gone, self._written, self._early_keys = {}, [], set(), []
 
     def redo_last(self) -> bool:
         """Rewrite the last journalled step (at start-up: a crash may have cut it short).
@@ -142,9 +271,11 @@ class JournalKV:
 
     def _write(self, ops: list[Op], first: list[tuple[bytes, bytes | None]] | None = None) -> None:
         """``ops`` (after ``first``) as one ``write`` of the inner store: a prefix deleted
-        becomes the deletes of the keys under it, those stored and those put before it."""
+        becomes the deletes of the keys under it, those stored and those put before it
+        (but those put again after it, which the put overwrites)."""
         records = first or []
-        for kind, key, value in ops:
+        put_last = {key: i for i, (kind, key, _) in enumerate(ops) if kind == _PUT}
+        for i, (kind, key, value) in enumerate(ops):
             if kind == _PUT:
                 records.append((key, value))
             elif kind == _DELETE:
@@ -152,5 +283,5 @@ class JournalKV:
             else:
                 under = [k for k, _ in self.inner.scan(key)]
                 under += [k for k, v in records if v is not None and k.startswith(key)]
-                records.extend((k, None) for k in dict.fromkeys(under))
+                records.extend((k, None) for k in dict.fromkeys(under) if put_last.get(k, -1) < i)
         self.inner.write(records)

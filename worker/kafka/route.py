@@ -337,14 +337,20 @@ class RoutedStage(DecideStage):
     STALLED_S = 60.0
 
     def __init__(
-        self, kv: ScanKV, cfg: EngineConfig, partitions: int, *, order_wait: float = math.inf
+        self,
+        kv: ScanKV,
+        cfg: EngineConfig,
+        partitions: int,
+        *,
+        order_wait: float = math.inf,
+        hold: bool = False,
     ) -> None:
         self.partitions = partitions
         self.flights: dict[int, Flight] = {}
         self.flying: Counter[int] = Counter()  # pids in flight
         self.flying_keys: set[Key] = set()
         self.next_seq = 0
-        super().__init__(kv, cfg, order_wait=order_wait)
+        super().__init__(kv, cfg, order_wait=order_wait, hold=hold)
 
     def _engine_kv(self, journal: JournalKV, cfg: EngineConfig) -> KV:
         self.routed = RoutedKV(journal, cfg)

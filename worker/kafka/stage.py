@@ -178,8 +178,11 @@ class DecideCounts:
 class DecideStage:
     """Sequencer plus ``Engine`` over the state store; see the module docstring."""
 
-    def __init__(self, kv: ScanKV, cfg: EngineConfig, *, order_wait: float = math.inf) -> None:
-        self.journal = JournalKV(kv)
+    def __init__(
+        self, kv: ScanKV, cfg: EngineConfig, *, order_wait: float = math.inf, hold: bool = False
+    ) -> None:
+        #: With ``hold``, a step's writes wait for ``commit`` (``JournalKV.hold``).
+        self.journal = JournalKV(kv, hold=hold)
         self.engine = Engine(self._engine_kv(self.journal, cfg), cfg)
         #: ``Sequencer.wait``: how long a page waits for marks made after it arrived.
         self.order_wait = order_wait
@@ -204,6 +207,11 @@ class DecideStage:
     def _engine_kv(self, journal: JournalKV, cfg: EngineConfig) -> KV:
         """What the engine reads and writes: the journal over the state store."""
         return journal
+
+    def commit(self) -> None:
+        """Write the steps held since the last call (with ``hold``; see ``JournalKV``):
+        before anything they led to is published, and before their input is acknowledged."""
+        self.journal.flush()
 
     def busy(self) -> bool:
         """Whether ``release`` has more to do right away."""
@@ -280,6 +288,9 @@ class DecideStage:
 
     def unload(self) -> None:
         """Forget the in-memory state (the partition was revoked)."""
+        if self.journal.holding:  # a bug: the agent commits before it acknowledges
+            log.error("steps never written were dropped at a revoke")
+        self.journal.close_steps()
         self.loaded = False
         self.sequencer = Sequencer(self.order_wait)
         self.unconfirmed = deque()
