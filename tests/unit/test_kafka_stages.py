@@ -1050,6 +1050,57 @@ def _feed(
     return out
 
 
+def test_a_new_owner_sends_again_the_decisions_of_messages_not_committed(
+    gold: list[Analysed],
+) -> None:
+    """The outbox: one key a sequencer message, holding the pids it decided (written
+    once for the message's steps); a stage that resumes from offset X sends again every
+    decision made at X or after, and drops the keys below X. Keys of the layout before
+    (one a decision) are read as well."""
+    from worker.kafka.stage import _OUTBOX
+
+    kv = ScanMemoryKV()
+    stage = DecideStage(kv, CFG, hold=True)
+    # two raw partitions, each page held until a mark vouches for both: the marks decide
+    half = len(gold) // 2
+    msgs: list[wire.SequenceMsg] = [wire.PageMsg(i % 2, i // 2, 2, a) for i, a in enumerate(gold)]
+    msgs.insert(half, wire.MarksMsg(2, (wire.Mark(0, (half + 1) // 2), wire.Mark(1, half // 2))))
+    n = len(gold)
+    msgs.append(wire.MarksMsg(2, (wire.Mark(0, (n + 1) // 2), wire.Mark(1, n // 2))))
+    by_offset: dict[int, list[str]] = {}
+    for offset, msg in enumerate(msgs):
+        stage.offset = offset
+        emits = stage.accept(msg) + stage.release(1000)
+        stage.commit()
+        by_offset[offset] = [
+            json.loads(e.value)["page_id"] for e in emits if e.topic == "decisions"
+        ]
+    deciding = [o for o, ids in by_offset.items() if ids]
+    assert any(len(by_offset[o]) > 1 for o in deciding)  # a message that decided several
+    keys = [k for k, _ in kv.scan(_OUTBOX)]
+    assert [int.from_bytes(k[len(_OUTBOX) :], "big") for k in keys] == deciding
+
+    # the layout before: the first message's decisions under a key each
+    first = deciding[0]
+    (packed,) = kv.get_many([keys[0]])
+    assert packed is not None
+    kv.delete_many([keys[0]])
+    kv.put_many(
+        (_OUTBOX + first.to_bytes(8, "big") + packed[i : i + 8], b"1")
+        for i in range(0, len(packed), 8)
+    )
+    for resume in (first, deciding[-1]):
+        again = DecideStage(kv, CFG, hold=True)
+        again.offset = resume
+        sent = [json.loads(e.value)["page_id"] for e in again.load() if e.topic == "decisions"]
+        assert sorted(sent) == sorted(i for o in deciding if o >= resume for i in by_offset[o])
+        again.commit()
+    # the keys below the offset resumed from are gone
+    assert [k[len(_OUTBOX) : len(_OUTBOX) + 8] for k, _ in kv.scan(_OUTBOX)] == [
+        deciding[-1].to_bytes(8, "big")
+    ]
+
+
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 10_000), cut=st.floats(0, 1), hold=st.booleans())
 def test_a_crash_anywhere_then_redelivery_gives_the_engines_decisions_and_no_conflict(

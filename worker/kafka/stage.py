@@ -52,8 +52,9 @@ _PROGRESS = b"\x01R"  # + partition (4 bytes) -> Progress
 _PARTITIONS = b"\x01N"  # -> raw partition count
 _RELEASED = b"\x01L"  # -> key_bytes of the greatest key released
 _MERGES = b"\x01G"  # + pid -> the merges the page's decision caused (JSON list)
-# + sequencer offset (8 bytes) + pid: a decision made while handling that sequencer
-# message, whose outputs may not have reached the broker yet (see ``DecideStage.confirm``)
+# + sequencer offset (8 bytes) -> the pids (8 bytes each) of the decisions made while
+# handling that sequencer message, whose outputs may not have reached the broker yet (see
+# ``DecideStage.confirm``). Before, a key of its own a decision: + offset + pid -> b"1".
 _OUTBOX = b"\x01O"
 
 #: A pending page that has waited this long is logged with what holds it back.
@@ -261,11 +262,13 @@ class DecideStage:
         out: list[Emit] = []
         self.unconfirmed = deque()
         n = len(_OUTBOX)
-        for key, _ in self.journal.scan(_OUTBOX):
+        for key, value in self.journal.scan(_OUTBOX):
             if int.from_bytes(key[n : n + 8], "big") < self.offset:
                 self.journal.delete_many([key])
                 continue
-            out += self._stored(int.from_bytes(key[n + 8 :], "big")) or []
+            pids = value if len(key) == n + 8 else key[n + 8 :]  # (a key a decision, before)
+            for at in range(0, len(pids) - 7, 8):
+                out += self._stored(int.from_bytes(pids[at : at + 8], "big")) or []
             self.unconfirmed.append(key)
         return out
 
@@ -435,9 +438,13 @@ class DecideStage:
         if outcome.merges:
             value = json.dumps([m.to_json() for m in outcome.merges], ensure_ascii=False)
             engine.kv.put_many([(_MERGES + pid_bytes(a.pid), value.encode())])
-        outbox = _OUTBOX + max(self.offset, 0).to_bytes(8, "big") + pid_bytes(a.pid)
-        engine.kv.put_many([(outbox, b"1")])
-        self.unconfirmed.append(outbox)
+        # one key a sequencer message: its decisions' pids appended, one changelog record
+        # for the message's steps (``JournalKV.hold``) instead of one a decision
+        outbox = _OUTBOX + max(self.offset, 0).to_bytes(8, "big")
+        (pids,) = engine.kv.get_many([outbox])
+        engine.kv.put_many([(outbox, (pids or b"") + pid_bytes(a.pid))])
+        if pids is None:
+            self.unconfirmed.append(outbox)
         engine.kv.commit()
         kind = str(outcome.decision["decision"])
         self.counts.decisions[kind] = self.counts.decisions.get(kind, 0) + 1
