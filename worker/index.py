@@ -163,17 +163,19 @@ class KVIndex:
             if v is not None
         }
 
-    def appended(self, raw: bytes | None, entry: Entries) -> bytes | None:
-        """Bucket ``raw`` with ``entry`` added and expired entries dropped, or None when the
-        bucket is full (the entry is then not added)."""
+    def appended(self, raw: bytes | None, entry: Entries | bytes) -> bytes | None:
+        """Bucket ``raw`` with ``entry`` (one entry, or its bytes) added and expired
+        entries dropped, or None when the bucket is full (the entry is then not added)."""
+        data = entry if isinstance(entry, bytes) else entry.tobytes()
         if not self.retention_ms:  # nothing expires: the bucket's bytes stay as they are
             if raw and len(raw) >= self.cfg.bucket_cap * ENTRY.itemsize:
                 return None
-            return (raw or b"") + entry.tobytes()
-        old = self._live(raw, int(entry["order"][0]))
+            return (raw or b"") + data
+        one = np.frombuffer(data, dtype=ENTRY) if isinstance(entry, bytes) else entry
+        old = self._live(raw, int(one["order"][0]))
         if len(old) >= self.cfg.bucket_cap:
             return None
-        return old.tobytes() + entry.tobytes()
+        return old.tobytes() + data
 
     def add(self, lookup: Lookup, entry: Entries, fps: Fingerprints) -> None:
         sim_keys, str_keys = self.keys(fps)

@@ -845,6 +845,48 @@ def test_a_probe_sent_again_answers_the_same_and_adds_once(gold: list[Analysed])
     assert answers[0] is None and len(np.frombuffer(entries or b"", dtype=ENTRY)) == 5
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(1, 6), st.integers(0, 2**64 - 1), st.integers(0, 12)), max_size=20
+    ),
+    seq=st.integers(0, 12),
+    pid=st.integers(1, 8),
+    append=st.booleans(),
+    retention=st.booleans(),
+    cap=st.sampled_from([16, 17, 4096]),
+)
+def test_a_small_bucket_is_probed_as_numpy_probes_it(
+    rows: list[tuple[int, int, int]],
+    *,
+    seq: int,
+    pid: int,
+    append: bool,
+    retention: bool,
+    cap: int,
+) -> None:
+    """``_probe_small`` (bytes and lists) answers and rewrites a bucket exactly as
+    ``_probe_filled`` (numpy) does: pages before and after the probe's, a pid already in
+    it, a full bucket, entries that expire."""
+    from dataclasses import replace
+
+    from worker.index import KVIndex
+    from worker.kafka.route import _probe_filled, _probe_small
+
+    cfg = replace(CFG, bucket_cap=cap, retention_days=30 if retention else 0)
+    index = KVIndex(MemoryKV(), cfg)
+    day = 86_400_000
+    entries = np.zeros(len(rows), dtype=ENTRY)
+    for i, (p, fp, age) in enumerate(rows):
+        entries[i] = (p, fp, fp ^ 1, 1_000 * day - age * 7 * day, 3)
+    order_seqs = np.array([s for _, _, s in rows], dtype="<u8")
+    entry = np.zeros(1, dtype=ENTRY)
+    entry[0] = (pid, 5, 6, 1_000 * day, 3)
+    probe = wire.ProbeMsg(seq, pid, append, entry.tobytes(), ())
+    stored, seqs = entries.tobytes(), order_seqs.tobytes()
+    assert _probe_small(index, stored, seqs, probe) == _probe_filled(index, stored, seqs, probe)
+
+
 def test_an_empty_bucket_answers_nothing_and_takes_the_entry(gold: list[Analysed]) -> None:
     """The empty bucket's shortcut (no numpy) answers as the general path does: nothing
     before the page, and the page's entry with its sequence number, if it is added."""

@@ -71,6 +71,9 @@ _SEQ = struct.Struct("<Q")  # a bucket entry's sequence number
 _PACKED_TAG = b"\x01"
 _ROW = ENTRY.itemsize + _SEQ.size
 _SEQS = b"\x00seq"
+#: Buckets of up to this many entries are probed without numpy (``_probe_small``).
+_SMALL_BUCKET = 16
+_PID = struct.Struct("<Q")  # an entry's first field
 assert ENTRY.itemsize % 2 == 0 and _ROW % 2 == 0  # the lengths tell the layouts apart
 
 
@@ -184,11 +187,42 @@ def probe_bucket(
     if not stored:  # most buckets a page probes are empty: answered without numpy
         if not probe.append:
             return None, None
-        new = index.appended(None, np.frombuffer(probe.entry, dtype=ENTRY))
+        new = index.appended(None, probe.entry)
         if new is None:
             return None, None
         return None, (new, _SEQ.pack(probe.seq) * (len(new) // ENTRY.itemsize))
+    if len(stored) <= _SMALL_BUCKET * ENTRY.itemsize:
+        return _probe_small(index, stored, seqs, probe)
     return _probe_filled(index, stored, seqs, probe)
+
+
+def _probe_small(
+    index: KVIndex, stored: bytes, seqs: bytes | None, probe: ProbeMsg
+) -> tuple[bytes | None, tuple[bytes, bytes] | None]:
+    """``_probe_filled`` for a bucket of a few entries, on bytes and lists: a numpy call
+    costs more than a few entries do (0.12 ms a page went to ``_probe_filled`` on the dev
+    pages, most buckets that hold anything holding one or two entries)."""
+    size = ENTRY.itemsize
+    n = len(stored) // size
+    if seqs is None or len(stored) != n * size or len(seqs) != n * _SEQ.size:
+        return _probe_filled(index, stored, seqs, probe)  # (which says what is wrong)
+    rows = [stored[at : at + size] for at in range(0, len(stored), size)]
+    order_seqs = struct.unpack(f"<{n}Q", seqs)
+    before = [s < probe.seq for s in order_seqs]
+    answer = b"".join(row for row, b in zip(rows, before, strict=True) if b) or None
+    pids = [_PID.unpack_from(row)[0] for row in rows]
+    if not probe.append or probe.pid in pids:
+        return answer, None
+    new = index.appended(answer, probe.entry)
+    if new is None:
+        return answer, None
+    seq_of = dict(zip(pids, order_seqs, strict=True))
+    seq_of[probe.pid] = probe.seq
+    later = [i for i, b in enumerate(before) if not b]  # only after a restart, as there
+    value = new + b"".join(rows[i] for i in later)
+    new_seqs = [seq_of[_PID.unpack_from(new, at)[0]] for at in range(0, len(new), size)]
+    new_seqs += [order_seqs[i] for i in later]
+    return answer, (value, struct.pack(f"<{len(new_seqs)}Q", *new_seqs))
 
 
 def _probe_filled(
