@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -424,12 +425,20 @@ def test_held_steps_read_and_end_as_steps_written_one_by_one(
     held.put_many(before)
     kv_one, kv_held = JournalKV(one), JournalKV(held, hold=True)
     writes = _count_writes(held)
+    early: dict[bytes, bytes] = {}  # the unjournaled puts of the steps held, in order
     for ops, failed, flush in steps:
+        seen, gone = kv_held._seen, kv_held._gone
+        if not failed and any(
+            k in seen or any(k.startswith(p) for p in gone) for kind, k, _ in ops if kind == "early"
+        ):
+            early = {}  # the held steps are written first (see ``apply``)
         for kv in (kv_one, kv_held):
             _step(kv, ops)
             if failed:
                 kv.discard()
             kv.apply(1)
+        if not failed:
+            early |= {k: v for kind, k, v in ops if kind == "early"}
         keys = [b"Ta1", b"Ta2", b"Tb1", b"M1", b"Q1", b"Q2", b"H", b"X"]
         assert kv_held.get_many(keys) == kv_one.get_many(keys)
         for prefix in (b"T", b"Ta", b"Q", b""):
@@ -440,8 +449,15 @@ def test_held_steps_read_and_end_as_steps_written_one_by_one(
             start = len(held.log)
             kv_held.flush()
             batch = held.log[start:]
-            assert len({k for _, k, _ in batch}) == len(batch), "a key written twice"
             journal = [i for i, (_, k, _) in enumerate(batch) if k == JOURNAL_KEY]
+            # every unjournaled put first, in step order, also one a later step deleted:
+            # a cut among them leaves those of a prefix of the steps
+            assert [(k, v) for _, k, v in batch[: journal[0] if journal else 0]] == list(
+                early.items()
+            )
+            early = {}
+            rest = [k for _, k, _ in batch[journal[0] :]] if journal else []
+            assert len(set(rest)) == len(rest), "a key written twice"
             for cut in range(journal[0] + 1 if journal else len(batch), len(batch) + 1):
                 crashed = held.prefix(start + cut)
                 JournalKV(crashed).redo_last()
@@ -885,6 +901,11 @@ def test_a_small_bucket_is_probed_as_numpy_probes_it(
     probe = wire.ProbeMsg(seq, pid, append, entry.tobytes(), ())
     stored, seqs = entries.tobytes(), order_seqs.tobytes()
     assert _probe_small(index, stored, seqs, probe) == _probe_filled(index, stored, seqs, probe)
+    if append and pid not in [p for p, _, _ in rows]:  # an entry that is not one is refused
+        bad = wire.ProbeMsg(seq, pid, True, entry.tobytes() + b"\0", ())
+        for probe_with in (_probe_small, _probe_filled):
+            with pytest.raises(ValueError):
+                probe_with(index, stored, seqs, bad)
 
 
 def test_an_empty_bucket_answers_nothing_and_takes_the_entry(gold: list[Analysed]) -> None:
@@ -1090,6 +1111,48 @@ def _feed(
                 break
         stage.commit()  # and once a message
     return out
+
+
+def test_a_crash_in_a_held_message_makes_no_page_late(gold: list[Analysed]) -> None:
+    """One sequencer message releases and decides its first page and leaves two pending;
+    its steps are written as one (``hold``). A crash at any point of that write, then a
+    restart long after (every page past ``order_wait``): the pages come out in order and
+    none is late. (When the write left out the pending put of a page that the same
+    message released, a cut among the pending puts lost that page while a later one
+    stayed pending, and the later one was released before it: a review found it.)"""
+    i, j, i2 = _increasing(gold, 3)
+    now = time.time()
+    marks = wire.MarksMsg(2, (wire.Mark(0, 0), wire.Mark(1, 0)), now - 2000)
+    pages = [wire.PageMsg(0, 0, 2, i), wire.PageMsg(1, 0, 2, j), wire.PageMsg(0, 1, 2, i2)]
+
+    def run(stage: DecideStage) -> list[str]:
+        decided = []
+        for offset, items in enumerate([[marks], pages]):
+            stage.offset = offset
+            stage.arrived = now - (1000 if offset else 3000)
+            emits = [e for m in items for e in stage.accept(m)]
+            emits += stage.release(200)
+            stage.commit()
+            decided += [json.loads(e.value)["page_id"] for e in emits if e.topic == "decisions"]
+        return decided
+
+    kv = LoggedKV()
+    assert run(DecideStage(kv, CFG, order_wait=60, hold=True)) == [i.page.page_id]
+    for cut in range(len(kv.log) + 1):
+        stage = DecideStage(kv.prefix(cut), CFG, order_wait=60, hold=True)
+        decided = list(dict.fromkeys(run(stage)))
+        assert stage.sequencer.late == 0, cut
+        assert decided == [a.page.page_id for a in (i, j, i2)][: len(decided)], cut
+
+
+def _increasing(pages: list[Analysed], n: int) -> list[Analysed]:
+    """``n`` pages of strictly increasing order."""
+    out: list[Analysed] = []
+    for a in sorted(pages, key=lambda a: (a.order, a.page.page_id)):
+        if not out or a.order > out[-1].order:
+            out.append(a)
+    assert len(out) >= n
+    return out[:n]
 
 
 def test_a_new_owner_sends_again_the_decisions_of_messages_not_committed(

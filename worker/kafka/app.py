@@ -590,7 +590,8 @@ class Worker:
                         emits += self.stage.release(RELEASE_BATCH)
                         while self.stage.busy():
                             if len(emits) > RELEASE_BATCH:
-                                self.stage.commit()
+                                if not self.changelog.failed:  # (the flush raises)
+                                    self.stage.commit()
                                 await self._flush_publish(emits)
                                 emits = []
                             emits += self.stage.release(RELEASE_BATCH)

@@ -102,17 +102,13 @@ class JournalKV:
         self.hold = hold
         self._ops: list[Op] = []
         self._early: list[tuple[bytes, bytes | None]] = []
-        # the steps applied and held: their ops and unjournaled puts in order, the last
-        # tag, and what a read must see of them (a key's value, None for deleted, and
-        # the prefixes deleted, for keys not in ``_seen``)
         # the steps applied and held: what a read must see of them (a key's value, None
         # for deleted; the prefixes deleted, for keys not in ``_seen``), the keys their
-        # journalled writes set (the others in ``_seen`` are unjournaled puts alone),
-        # the unjournaled keys in order, and the last step's tag
+        # journalled writes set, their unjournaled puts in step order, the last tag
         self._seen: dict[bytes, bytes | None] = {}
         self._gone: list[bytes] = []
         self._written: set[bytes] = set()
-        self._early_keys: list[bytes] = []
+        self._held_early: dict[bytes, bytes | None] = {}
         self._held_tag = 0
 
     @property
@@ -213,7 +209,7 @@ class JournalKV:
             seen, gone = self._seen, self._gone
         for k, v in early:
             seen[k] = v
-            self._early_keys.append(k)
+            self._held_early[k] = v
         written = self._written
         for kind, key, value in ops:
             if kind == _DELETE_PREFIX:
@@ -246,15 +242,18 @@ class JournalKV:
             elif not any(k.startswith(p) for p in gone):
                 ops.append((_DELETE, k, None))
         ops = _ordered(ops)
-        # an unjournaled put that a held step overwrote or deleted is left out: the
-        # journal holds the key's end
-        early = [(k, seen[k]) for k in dict.fromkeys(self._early_keys) if k not in written]
+        # every unjournaled put, in the order of its steps, also one that a later held
+        # step deletes (a page released in the same message): a cut among them then
+        # leaves the pending pages of a prefix of the steps, as writing step by step
+        # would, never a later step's page without an earlier one's (whose release,
+        # among the ops, did not reach the changelog either)
+        early = list(self._held_early.items())
         self._drop_held()
         self._write(ops, [*early, (JOURNAL_KEY, encode_ops(tag, ops))])
 
     def _drop_held(self) -> None:
         self._held_tag = 0
-        self._seen, self._gone, self._written, self._early_keys = {}, [], set(), []
+        self._seen, self._gone, self._written, self._held_early = {}, [], set(), {}
 
     def redo_last(self) -> bool:
         """Rewrite the last journalled step (at start-up: a crash may have cut it short).
