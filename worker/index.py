@@ -167,6 +167,8 @@ class KVIndex:
         """Bucket ``raw`` with ``entry`` (one entry, or its bytes) added and expired
         entries dropped, or None when the bucket is full (the entry is then not added)."""
         data = entry if isinstance(entry, bytes) else entry.tobytes()
+        if len(data) != ENTRY.itemsize:
+            raise ValueError(f"an index entry is {ENTRY.itemsize} bytes, not {len(data)}")
         if not self.retention_ms:  # nothing expires: the bucket's bytes stay as they are
             if raw and len(raw) >= self.cfg.bucket_cap * ENTRY.itemsize:
                 return None
