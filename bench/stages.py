@@ -63,7 +63,8 @@ class Round:
 
     def __init__(self, tmp: Path, cfg: EngineConfig) -> None:
         self.state = ScanRocksKV(str(tmp / "state"))
-        self.stage = RoutedStage(self.state, cfg, PARTITIONS)
+        # the worker's steps wait for a commit a sequencer message (``JournalKV.hold``)
+        self.stage = RoutedStage(self.state, cfg, PARTITIONS, hold=True)
         self.buckets = [RocksKV(str(tmp / f"buckets{p}")) for p in range(PARTITIONS)]
         self.records = [RocksKV(str(tmp / f"records{p}")) for p in range(PARTITIONS)]
         self.cpu = dict.fromkeys(STAGES, 0.0)
@@ -111,8 +112,10 @@ class Round:
                 emits += self.stage.release(200)
                 while self.stage.busy():
                     emits += self.stage.release(200)
+                self.stage.commit()
             if not frames:
                 emits += self.stage.release(200)
+                self.stage.commit()
             self.cpu["sequencer"] += time.process_time() - t0
             self.decided += [e.key.decode() for e in emits if e.topic == "decisions" and e.key]
             frames = self._route(emits)
