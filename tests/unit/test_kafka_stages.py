@@ -236,6 +236,7 @@ def test_a_page_held_back_a_minute_is_logged_with_the_partitions_that_hold_it(
     stage.load()
     now = [100.0]
     stage.sequencer.clock = lambda: now[0]
+    stage.sequencer.since = now[0]  # loaded at 100 on that clock
     stage.arrived = 100.0
     stage.accept(wire.PageMsg(1, 0, 2, _analysed(gold_stream()[0][0])))
     marks = wire.MarksMsg(2, (wire.Mark(1, 1),), 100.5)  # partition 0 never heard from
@@ -1113,17 +1114,31 @@ def _feed(
     return out
 
 
-def test_a_crash_in_a_held_message_makes_no_page_late(gold: list[Analysed]) -> None:
-    """One sequencer message releases and decides its first page and leaves two pending;
-    its steps are written as one (``hold``). A crash at any point of that write, then a
-    restart long after (every page past ``order_wait``): the pages come out in order and
-    none is late. (When the write left out the pending put of a page that the same
-    message released, a cut among the pending puts lost that page while a later one
-    stayed pending, and the later one was released before it: a review found it.)"""
+@pytest.mark.parametrize("hold", [False, True])
+@pytest.mark.parametrize("first", ["lowest", "middle"])
+def test_a_crash_in_a_message_then_a_late_restart_makes_no_page_late(
+    gold: list[Analysed], hold: bool, first: str
+) -> None:
+    """One sequencer message brings three pages of two partitions, releases and decides
+    the lowest and leaves two pending. A crash at any point of its writes (step by step,
+    or held and written as one), then a restart long after (every page past
+    ``order_wait``): the pages come out in order and none is late.
+
+    Two ways it went wrong before: a held write left out the pending put of a page that
+    the same message released, so a cut among the pending puts lost it while a later
+    one stayed pending (a review found it; the held-steps property test checks that
+    every pending put is written, in step order); and, step by step too, with the middle
+    page first in the message, a cut after its step kept it pending without the lowest.
+    Either way the restored page had waited past ``order_wait`` and went on the last
+    marks at once, before the message read again brought the lowest back, late. The
+    wait now counts from the restart too (``Sequencer.restore``; the "middle" cases
+    fail without it)."""
     i, j, i2 = _increasing(gold, 3)
     now = time.time()
     marks = wire.MarksMsg(2, (wire.Mark(0, 0), wire.Mark(1, 0)), now - 2000)
-    pages = [wire.PageMsg(0, 0, 2, i), wire.PageMsg(1, 0, 2, j), wire.PageMsg(0, 1, 2, i2)]
+    page_i, page_j = wire.PageMsg(0, 0, 2, i), wire.PageMsg(1, 0, 2, j)
+    pages = [page_i, page_j] if first == "lowest" else [page_j, page_i]
+    pages.append(wire.PageMsg(0, 1, 2, i2))
 
     def run(stage: DecideStage) -> list[str]:
         decided = []
@@ -1137,9 +1152,9 @@ def test_a_crash_in_a_held_message_makes_no_page_late(gold: list[Analysed]) -> N
         return decided
 
     kv = LoggedKV()
-    assert run(DecideStage(kv, CFG, order_wait=60, hold=True)) == [i.page.page_id]
+    assert run(DecideStage(kv, CFG, order_wait=60, hold=hold)) == [i.page.page_id]
     for cut in range(len(kv.log) + 1):
-        stage = DecideStage(kv.prefix(cut), CFG, order_wait=60, hold=True)
+        stage = DecideStage(kv.prefix(cut), CFG, order_wait=60, hold=hold)
         decided = list(dict.fromkeys(run(stage)))
         assert stage.sequencer.late == 0, cut
         assert decided == [a.page.page_id for a in (i, j, i2)][: len(decided)], cut

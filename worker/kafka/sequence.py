@@ -120,6 +120,9 @@ class Sequencer:
         #: The greatest key released so far.
         self.released: Key | None = None
         self.late = 0
+        #: When the state was last restored (``restore``, at every start of the stage,
+        #: on ``clock``): a page waits ``wait`` from then at least.
+        self.since = -math.inf
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -132,7 +135,16 @@ class Sequencer:
         released: Key | None,
     ) -> None:
         """Load persisted state (after a restart or a rebalance): ``pending`` is each
-        pending key with the time its page reached the sequencer topic."""
+        pending key with the time its page reached the sequencer topic.
+
+        From now on every page waits ``wait`` from now at least before the last marks
+        are taken for it (``_blockers``): after a restart, the pages restored and those
+        read again wait for fresh marks as pages do in a run without one. Counted from
+        their arrival only, a restart later than ``wait`` released a restored page on
+        the last marks at once, before a page of lower order that the message read
+        next brings back (one a crash had cut off before its step was written), which
+        then came late."""
+        self.since = self.clock()
         self.partitions = partitions
         self.progress = dict(progress)
         self._pending = dict(pending)
@@ -204,8 +216,9 @@ class Sequencer:
     def _blockers(self, key: Key) -> Iterator[int]:
         """The partitions that can still deliver a page at or before ``key``."""
         order, arrived = key[0], self._pending[key]
-        # waited long enough for fresh marks: the last ones are taken as they are
-        stale_ok = self.clock() - arrived >= self.wait
+        # waited long enough for fresh marks, since it came and since the start: the
+        # last ones are taken as they are
+        stale_ok = self.clock() - max(arrived, self.since) >= self.wait
         for p in range(self.partitions):
             prog = self.progress.get(p)
             if prog is None:
