@@ -1114,10 +1114,11 @@ def _feed(
     return out
 
 
+@pytest.mark.parametrize("wait_over", [False, True])
 @pytest.mark.parametrize("hold", [False, True])
 @pytest.mark.parametrize("first", ["lowest", "middle"])
 def test_a_crash_in_a_message_then_a_late_restart_makes_no_page_late(
-    gold: list[Analysed], hold: bool, first: str
+    gold: list[Analysed], *, hold: bool, first: str, wait_over: bool
 ) -> None:
     """One sequencer message brings three pages of two partitions, releases and decides
     the lowest and leaves two pending. A crash at any point of its writes (step by step,
@@ -1132,7 +1133,8 @@ def test_a_crash_in_a_message_then_a_late_restart_makes_no_page_late(
     Either way the restored page had waited past ``order_wait`` and went on the last
     marks at once, before the message read again brought the lowest back, late. The
     wait now counts from the restart too (``Sequencer.restore``; the "middle" cases
-    fail without it)."""
+    fail without it). Then marks made after it all, or marks made before the pages came
+    once ``order_wait`` is over since the restart, release the other two, in order."""
     i, j, i2 = _increasing(gold, 3)
     now = time.time()
     marks = wire.MarksMsg(2, (wire.Mark(0, 0), wire.Mark(1, 0)), now - 2000)
@@ -1140,24 +1142,41 @@ def test_a_crash_in_a_message_then_a_late_restart_makes_no_page_late(
     pages = [page_i, page_j] if first == "lowest" else [page_j, page_i]
     pages.append(wire.PageMsg(0, 1, 2, i2))
 
-    def run(stage: DecideStage) -> list[str]:
+    # after the pages, marks made after everything: both partitions drained
+    fresh = wire.MarksMsg(2, (wire.Mark(0, 2), wire.Mark(1, 1)), now + 1)
+    stale = wire.MarksMsg(2, (wire.Mark(0, 2), wire.Mark(1, 1)), now - 1500)
+    arrived = {0: now - 3000, 1: now - 1000, 2: now}
+
+    def run(stage: DecideStage, msgs: list[tuple[int, list[wire.SequenceMsg]]]) -> list[str]:
         decided = []
-        for offset, items in enumerate([[marks], pages]):
-            stage.offset = offset
-            stage.arrived = now - (1000 if offset else 3000)
+        for offset, items in msgs:
+            stage.offset, stage.arrived = offset, arrived[offset]
             emits = [e for m in items for e in stage.accept(m)]
             emits += stage.release(200)
             stage.commit()
             decided += [json.loads(e.value)["page_id"] for e in emits if e.topic == "decisions"]
         return decided
 
+    ids = [a.page.page_id for a in (i, j, i2)]
     kv = LoggedKV()
-    assert run(DecideStage(kv, CFG, order_wait=60, hold=hold)) == [i.page.page_id]
+    first_run = DecideStage(kv, CFG, order_wait=60, hold=hold)
+    assert run(first_run, [(0, [marks]), (1, pages)]) == ids[:1]
     for cut in range(len(kv.log) + 1):
         stage = DecideStage(kv.prefix(cut), CFG, order_wait=60, hold=hold)
-        decided = list(dict.fromkeys(run(stage)))
+        stage.load()  # the restart: ``since`` is the time now (``now``, give or take)
+        assert 0 <= stage.sequencer.since - now < 10
+        clock = [now]
+        stage.sequencer.clock = lambda c=clock: c[0]
+        decided = run(stage, [(0, [marks]), (1, pages)])  # read again
         assert stage.sequencer.late == 0, cut
-        assert decided == [a.page.page_id for a in (i, j, i2)][: len(decided)], cut
+        if wait_over:  # marks made before the pages came: taken once the wait is over
+            assert run(stage, [(2, [stale])]) == [], cut
+            clock[0] = now + 61
+            decided += run(stage, [(2, [stale])])
+        else:
+            decided += run(stage, [(2, [fresh])])
+        assert list(dict.fromkeys(decided)) == ids, cut
+        assert stage.sequencer.late == 0, cut
 
 
 def _increasing(pages: list[Analysed], n: int) -> list[Analysed]:
