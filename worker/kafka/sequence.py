@@ -139,11 +139,12 @@ class Sequencer:
 
         From now on every page waits ``wait`` from now at least before the last marks
         are taken for it (``_blockers``): after a restart, the pages restored and those
-        read again wait for fresh marks as pages do in a run without one. Counted from
-        their arrival only, a restart later than ``wait`` released a restored page on
-        the last marks at once, before a page of lower order that the message read
-        next brings back (one a crash had cut off before its step was written), which
-        then came late."""
+        read again wait for fresh marks again, up to ``wait``. Counted from their
+        arrival only, a restart later than ``wait`` released a restored page on the last
+        marks at once, before a page of lower order that the message read next brings
+        back (one a crash had cut off before its step was written), which then came
+        late. The price: each restore (also the reload at a rebalance) gives a page held
+        only by a partition whose owner is gone or hung up to ``wait`` again."""
         self.since = self.clock()
         self.partitions = partitions
         self.progress = dict(progress)
