@@ -13,6 +13,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from tests.gold import gold_stream
 from worker.config import EngineConfig
 from worker.contract import parse_raw, validate
 from worker.engine import Analysed, Engine, Stats
-from worker.kafka import wire
+from worker.kafka import faustfix, wire
 from worker.kafka.app import Worker
 from worker.kafka.inorder import Hole
 from worker.kafka.stage import analyse_messages, backlogged, drained
@@ -478,6 +479,7 @@ class _BacklogConsumer:
         self._committed_offset = {TP(worker.names.raw, 0): 5, self.seq: committed}
         self.sought: dict[Any, int] = {}
         self.assigned_seq = True
+        self.app = SimpleNamespace(consumer_generation_id=1)
 
     def _new_topicpartition(self, topic: str, partition: int) -> Any:
         from faust.types import TP
@@ -524,6 +526,8 @@ def test_a_worker_pauses_its_raw_partitions_while_the_sequencer_is_behind(
         assert consumer.sought == {}
         await worker.admit()
         assert consumer.paused == set() and not worker.paused
+        assert consumer.sought == {}  # made by the fetch loop before its next fetch:
+        await faustfix.make_requested_seeks(consumer)
         assert consumer.sought == {tp: 5 if tp.partition == 0 else 0 for tp in consumer.raw}
         consumer._committed_offset[consumer.seq] = 400
         await worker.admit()  # 2,100 again: paused

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ class FakeConsumer:
         self._paused_partitions: set[str] = set()
         self.end = end
         self.seeks: list[tuple[str, int]] = []
+        self.app = SimpleNamespace(consumer_generation_id=1)
 
     def assignment(self) -> list[str]:
         return list(self.tps)
@@ -84,6 +86,13 @@ def _worker(consumer: FakeConsumer, absent: FakeAbsent) -> Worker:
     return w
 
 
+def _unstick(w: Worker) -> None:
+    """``unstick`` once, then the fetch loop's next fetch, which makes the seeks it asked
+    for (``faustfix.seeks_between_fetches``)."""
+    asyncio.run(w.unstick())
+    asyncio.run(faustfix.make_requested_seeks(w.app.consumer))
+
+
 def _run(monkeypatch: pytest.MonkeyPatch, w: Worker, why: str, at: list[float], tp: TP) -> None:
     """``unstick`` once at each time in ``at``, the partition held back for ``why``."""
     consumer: Any = w.app.consumer
@@ -97,7 +106,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, w: Worker, why: str, at: list[float], 
     monkeypatch.setattr(faustfix, "stuck_partitions", stuck)
     for t in at:
         monkeypatch.setattr(app_module.time, "monotonic", lambda t=t: t)
-        asyncio.run(w.unstick())
+        _unstick(w)
     assert consumer is w.app.consumer
 
 
@@ -159,7 +168,7 @@ def test_a_sequencer_message_left_past_a_hole_has_it_read_again_however_busy_the
     when = {}
     for t in (0.0, GAP_CHECK_S, GAP_CHECK_S + 1, GAP_CHECK_S + STUCK_S):
         monkeypatch.setattr(app_module.time, "monotonic", lambda t=t: t)
-        asyncio.run(w.unstick())
+        _unstick(w)
         when[t] = len(consumer.seeks)
     assert when == {0.0: 0, GAP_CHECK_S: 1, GAP_CHECK_S + 1: 1, GAP_CHECK_S + STUCK_S: 2}
     assert absent.asked == [("seq", 40, 44)]
@@ -170,7 +179,7 @@ def test_a_sequencer_message_left_past_a_hole_has_it_read_again_however_busy_the
     w.reread = {}
     for t in (100.0, 100 + GAP_CHECK_S, 100 + STUCK_S + 1):
         monkeypatch.setattr(app_module.time, "monotonic", lambda t=t: t)
-        asyncio.run(w.unstick())
+        _unstick(w)
     assert consumer.seeks == []
 
 
@@ -186,7 +195,7 @@ def test_a_rebalance_forgets_what_was_sought_but_not_the_sequencers_holes(
     w = _worker(consumer, absent)
     w.sought[tp], w.reread[tp], w.holes[tp] = 40, (40, 0.0), Hole(40, 43, 0.0)
     w.app.rebalancing = True
-    asyncio.run(w.unstick())
+    _unstick(w)
     assert w.sought == w.reread == {} and absent.asked == [] and consumer.seeks == []
     assert w.holes == {tp: Hole(40, 43, 0.0)}
 
@@ -226,10 +235,10 @@ def test_one_question_a_tick(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     for t in (0.0, GAP_CHECK_S):
         monkeypatch.setattr(app_module.time, "monotonic", lambda t=t: t)
-        asyncio.run(w.unstick())
+        _unstick(w)
     assert len(absent.asked) == 1
     monkeypatch.setattr(app_module.time, "monotonic", lambda: GAP_CHECK_S + 0.2)
-    asyncio.run(w.unstick())
+    _unstick(w)
     assert sorted(x[0] for x in absent.asked) == ["a", "b"]
 
 
@@ -249,7 +258,7 @@ def _held(tp: TP) -> tuple[FakeConsumer, FakeAbsent, Worker]:
 def _tick(monkeypatch: pytest.MonkeyPatch, w: Worker, at: float) -> None:
     monkeypatch.setattr(app_module.time, "monotonic", lambda: at)
     monkeypatch.setattr(faustfix, "topic_idle", lambda app, topic: True)
-    asyncio.run(w.unstick())
+    _unstick(w)
 
 
 def test_a_sequencer_hole_the_commits_do_not_show_is_read_again_after_stuck_s(
@@ -308,6 +317,7 @@ def test_a_sequencer_hole_is_read_again_without_a_question_if_one_was_asked_this
     consumer, absent, w = _held(tp)
     monkeypatch.setattr(app_module.time, "monotonic", lambda: STUCK_S)
     asyncio.run(w._reread_holes(STUCK_S, asked=True))
+    asyncio.run(faustfix.make_requested_seeks(consumer))  # the fetch loop's next fetch
     assert absent.asked == [] and consumer.seeks == [(tp, 41)]
 
 

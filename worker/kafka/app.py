@@ -787,7 +787,7 @@ class Worker:
             if offset is None:
                 offset = earliest.get(tp)
             if offset is not None:
-                await self._seek(tp, int(offset))
+                self._seek(tp, int(offset))
 
     async def unstick(self) -> None:
         """Free a partition whose commits are held back at an offset that no agent holds
@@ -846,7 +846,7 @@ class Worker:
             )
             self.rereads += 1
             self.reread[tp] = (offset, now)
-            await self._seek(tp, offset)
+            self._seek(tp, offset)
         await self._reread_holes(now, asked)
 
     async def _reread_holes(self, now: float, asked: bool) -> None:
@@ -888,7 +888,7 @@ class Worker:
             )
             self.rereads += 1
             self.reread[tp] = (at, now)
-            await self._seek(tp, at)
+            self._seek(tp, at)
             return
 
     def _still(self, tp: Any, offset: int) -> bool:
@@ -935,16 +935,12 @@ class Worker:
         self.present[tp] = offset
         return True
 
-    async def _seek(self, tp: Any, offset: int) -> None:
-        """Seek ``tp`` to ``offset``; the next ``unstick`` puts the fetch loop's read
-        offset back to it if a batch from before the seek moved it on
-        (``faustfix.read_from``)."""
-        consumer: Any = self.app.consumer
-        try:
-            await consumer.seek(tp, offset)
-        except Exception as exc:  # taken away meanwhile (a rebalance): nothing to read
-            log.info("no seek of %s[%d] to %d: %r", tp.topic, tp.partition, offset, exc)
-            return
+    def _seek(self, tp: Any, offset: int) -> None:
+        """Have ``tp`` read again from ``offset``: the fetch loop seeks there before its
+        next fetch, once the batch in hand is delivered (``faustfix.request_seek``); the
+        next ``unstick`` also puts the loop's read offset back to it if records from
+        before the seek moved it on (``faustfix.read_from``)."""
+        faustfix.request_seek(self.app.consumer, tp, offset)
         self.sought[tp] = offset
 
     def describe(self) -> str:

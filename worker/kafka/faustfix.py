@@ -21,6 +21,12 @@ and no agent holding it), and the worker reads it again from there (``Worker.uns
 (A first attempt made the seeks authoritative inside Faust's fetch loop; it raced with
 the consumer thread and stalled partitions, and was taken out.)
 
+* ``seeks_between_fetches``: that reading again is itself a seek, and Faust's loop could
+  drop what it brought back the same way, until the next try 10 s later. The worker's
+  seeks are now made between two fetches, where no batch fetched before is left
+  (nothing is judged stale: the seek is only put off until the batch in hand is
+  delivered).
+
 * ``guard_commits``: Faust commits the offsets of acknowledged messages after flushing its
   producer, whether the batches then reached the broker or failed. The worker acknowledges
   a step's messages once their table records are handed over to the changelog's producer;
@@ -64,6 +70,7 @@ def install() -> None:
     guard_commits()
     fresh_assignments()
     bulk_standbys()
+    seeks_between_fetches()
 
 
 def _once(cls: Any, name: str, fn: Any) -> None:
@@ -95,6 +102,64 @@ def guard_commits() -> None:
         return bool(await commit(self, offsets))
 
     _once(ThreadDelegateConsumer, "_commit", _commit)
+
+
+def seeks_between_fetches() -> None:
+    """Make the seeks the worker asks for (``request_seek``) just before the next fetch
+    (a wrap of the delegate consumer's ``_getmany``, which Faust's fetch loop calls once
+    it has delivered the batch before).
+
+    Faust's ``Consumer.seek`` moves aiokafka's position and the loop's read offset at
+    once, but the loop may be in the middle of delivering a batch fetched before. It goes
+    on delivering that batch's records of the partition, from above the new position,
+    and sets its read offset past them; the records fetched again from the new position
+    are then dropped as read already, and the partition stays held back until it is read
+    again (``Worker.unstick``: seen as a stall of about 10 s after a rebalance, README,
+    Faults). Between two fetches no batch fetched before is left, and aiokafka drops what
+    it prefetched for the partition (aiokafka's ``seek``: "use it ... after all pending
+    messages are processed")."""
+    from faust.transport.consumer import ThreadDelegateConsumer
+
+    getmany = ThreadDelegateConsumer._getmany
+
+    async def _getmany(self: Any, active_partitions: Any, timeout: float) -> Any:
+        await make_requested_seeks(self)
+        return await getmany(self, active_partitions, timeout)
+
+    _once(ThreadDelegateConsumer, "_getmany", _getmany)
+
+
+def request_seek(consumer: Any, tp: Any, offset: int) -> None:
+    """Have Faust's fetch loop seek ``tp`` to ``offset`` before its next fetch
+    (``seeks_between_fetches``). A seek asked for in an earlier generation of the group
+    is dropped: the rebalance sought to the committed offsets itself."""
+    pending = consumer.__dict__.setdefault("_neardup_seeks", {})
+    pending[tp] = (consumer.app.consumer_generation_id, offset)
+
+
+def requested_seeks(consumer: Any) -> dict[Any, int]:
+    """The seeks asked for and not made yet: offset by partition."""
+    pending = consumer.__dict__.get("_neardup_seeks") or {}
+    return {tp: offset for tp, (_, offset) in pending.items()}
+
+
+async def make_requested_seeks(consumer: Any) -> None:
+    """Make the seeks asked for (``request_seek``): the fetch loop, before each fetch."""
+    pending = consumer.__dict__.get("_neardup_seeks")
+    if not pending:
+        return
+    consumer.__dict__["_neardup_seeks"] = {}
+    generation = consumer.app.consumer_generation_id
+    assigned = consumer.assignment()
+    for tp, (asked_in, offset) in pending.items():
+        if asked_in != generation or tp not in assigned:
+            log.info("no seek of %s[%d] to %d: the partitions moved since it was asked for",
+                     tp.topic, tp.partition, offset)  # fmt: skip
+            continue
+        try:
+            await consumer.seek(tp, offset)
+        except Exception as exc:  # taken away all the same: nothing to read
+            log.info("no seek of %s[%d] to %d: %r", tp.topic, tp.partition, offset, exc)
 
 
 def fresh_assignments() -> None:
