@@ -543,6 +543,27 @@ def test_a_worker_pauses_its_raw_partitions_while_the_sequencer_is_behind(
     assert "neardup_raw_paused 0.0" in metrics and "neardup_sequencer_backlog 0.0" in metrics
 
 
+def test_a_resume_across_a_rebalance_leaves_the_reading_again_to_the_rebalance(
+    tmp_path: Path,
+) -> None:
+    """The rebalance seeks every partition to its committed offset itself; a seek asked
+    for after it, from offsets looked up before, would come after that one."""
+    worker, _ = _worker(tmp_path, partitions=3)
+    consumer = _BacklogConsumer(worker, end=2500, committed=1500)  # 1,000: resume
+    worker.app.consumer = consumer  # type: ignore[assignment]
+    worker.paused = True
+    looked_up = consumer.earliest_offsets
+
+    async def earliest_during_a_rebalance(*tps: Any) -> dict[Any, int]:
+        worker.app.consumer_generation_id += 1
+        return await looked_up(*tps)
+
+    consumer.earliest_offsets = earliest_during_a_rebalance  # type: ignore[method-assign]
+    run(worker.admit)
+    assert consumer.paused == set() and not worker.paused
+    assert faustfix.requested_seeks(consumer) == {} and consumer.sought == {}
+
+
 def test_the_metrics_say_what_the_bounds_dropped(tmp_path: Path) -> None:
     worker, _ = _worker(tmp_path)
     worker.stage.engine.index.capped["strings"] = 5

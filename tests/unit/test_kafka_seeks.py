@@ -74,6 +74,11 @@ def _installed() -> None:
     faustfix.seeks_between_fetches()
 
 
+def test_the_worker_installs_it() -> None:
+    faustfix.install()
+    assert getattr(ThreadDelegateConsumer._getmany, "neardup_fix", False)
+
+
 def test_a_seek_asked_for_mid_batch_is_made_before_the_next_fetch() -> None:
     loop = _Loop()
 

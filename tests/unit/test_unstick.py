@@ -137,6 +137,25 @@ def test_a_dropped_message_is_read_again_at_once_if_a_later_one_was_handled(
     assert consumer.seeks == [(tp, 40), (tp, 40)]
 
 
+def test_reading_again_is_left_to_the_fetch_loops_next_fetch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not sought at once: the fetch loop may hold a batch fetched before, whose records
+    would move its read offset past the seek (``faustfix.seeks_between_fetches``)."""
+    tp = TP("raw")
+    consumer, absent = FakeConsumer([tp], 40, 45), FakeAbsent([])
+    consumer._acked[tp] = [41]
+    w = _worker(consumer, absent)
+    monkeypatch.setattr(faustfix, "stuck_partitions", lambda c, idle, left=None: {
+        tp: (40, faustfix.AFTER)})  # fmt: skip
+    for t in (0.0, GAP_CHECK_S):
+        monkeypatch.setattr(app_module.time, "monotonic", lambda t=t: t)
+        asyncio.run(w.unstick())
+    assert consumer.seeks == [] and faustfix.requested_seeks(consumer) == {tp: 40}
+    asyncio.run(faustfix.make_requested_seeks(consumer))
+    assert consumer.seeks == [(tp, 40)] and faustfix.requested_seeks(consumer) == {}
+
+
 def test_a_message_read_past_is_read_again_after_stuck_s_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -742,6 +742,7 @@ class Worker:
         limit = self.settings.max_backlog
         if limit <= 0 or self.app.rebalancing:
             return
+        generation = self.app.consumer_generation_id
         consumer: Any = self.app.consumer
         tp = consumer._new_topicpartition(self.names.sequence, 0)
         if tp not in consumer.assignment():
@@ -753,7 +754,7 @@ class Worker:
             except Exception as exc:  # no answer now: keep the state, look again next tick
                 log.debug("sequencer backlog unknown: %r", exc)
                 return
-            if end is None or done is None:
+            if end is None or done is None or self._moved_since(generation):
                 return
             self.backlog = max(0, int(end) - int(done))
         paused = backlogged(self.backlog, self.paused, limit)
@@ -762,7 +763,7 @@ class Worker:
             consumer.pause_partitions(raw)  # again each tick: partitions assigned since
         elif self.paused:
             consumer.resume_partitions(raw)
-            await self._read_again(raw)
+            await self._read_again(raw, generation)
         if paused != self.paused:
             self.pauses += paused
             log.info(
@@ -773,15 +774,18 @@ class Worker:
             )
         self.paused = paused
 
-    async def _read_again(self, tps: list[Any]) -> None:
+    async def _read_again(self, tps: list[Any], generation: int) -> None:
         """After a pause: read ``tps`` again from their committed offsets. Faust's fetch
         loop drops the rest of a fetched batch for a partition paused while it hands the
         batch out, and the consumer's position has moved past those records: without a
         seek they would never come (measured: the slow-downstream test stalled). What is
-        read twice is answered twice, identically."""
+        read twice is answered twice, identically. Not after a rebalance since
+        ``generation`` (it reads every partition from its committed offset itself)."""
         consumer: Any = self.app.consumer
         unknown = [tp for tp in tps if consumer._committed_offset.get(tp) is None]
         earliest = await consumer.earliest_offsets(*unknown) if unknown else {}
+        if self._moved_since(generation):
+            return
         for tp in tps:
             offset = consumer._committed_offset.get(tp)
             if offset is None:
@@ -891,6 +895,12 @@ class Worker:
             self._seek(tp, at)
             return
 
+    def _moved_since(self, generation: int) -> bool:
+        """After an ``await``: whether a rebalance began or happened since the group's
+        ``generation`` (it seeks every partition to its committed offset itself; a seek
+        asked for now would come after that one)."""
+        return bool(self.app.rebalancing) or self.app.consumer_generation_id != generation
+
     def _still(self, tp: Any, offset: int) -> bool:
         """After an ``await`` in ``unstick``: whether ``tp`` is still this worker's and
         held back at ``offset`` (a rebalance may have come in between)."""
@@ -937,9 +947,9 @@ class Worker:
 
     def _seek(self, tp: Any, offset: int) -> None:
         """Have ``tp`` read again from ``offset``: the fetch loop seeks there before its
-        next fetch, once the batch in hand is delivered (``faustfix.request_seek``); the
-        next ``unstick`` also puts the loop's read offset back to it if records from
-        before the seek moved it on (``faustfix.read_from``)."""
+        next fetch, once the batch in hand is delivered (``faustfix.request_seek``). The
+        next ``unstick`` puts the loop's read offset back to it as well
+        (``faustfix.read_from``), which only matters for a seek made at once."""
         faustfix.request_seek(self.app.consumer, tp, offset)
         self.sought[tp] = offset
 

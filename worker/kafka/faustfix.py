@@ -148,9 +148,9 @@ async def make_requested_seeks(consumer: Any) -> None:
     pending = consumer.__dict__.get("_neardup_seeks")
     if not pending:
         return
-    consumer.__dict__["_neardup_seeks"] = {}
     generation = consumer.app.consumer_generation_id
     assigned = consumer.assignment()
+    consumer.__dict__["_neardup_seeks"] = {}
     for tp, (asked_in, offset) in pending.items():
         if asked_in != generation or tp not in assigned:
             log.info("no seek of %s[%d] to %d: the partitions moved since it was asked for",
@@ -633,7 +633,9 @@ def topic_idle(app: Any, topic: str) -> bool:
 def read_from(consumer: Any, sought: dict[Any, int]) -> None:
     """After a seek of each partition in ``sought`` to its offset: a fetch batch from
     before the seek may have moved the fetch loop's read offset past it again, and the
-    copies fetched after it would be dropped as read already. Put it back."""
+    copies fetched after it would be dropped as read already. Put it back. (The worker's
+    seeks wait for the next fetch now, ``seeks_between_fetches``, where no such batch is
+    left; this stays for a seek made at once.)"""
     for tp, offset in sought.items():
         read = consumer._read_offset.get(tp)
         if read is not None and read > offset:
