@@ -124,9 +124,39 @@ def seeks_between_fetches() -> None:
 
     async def _getmany(self: Any, active_partitions: Any, timeout: float) -> Any:
         await make_requested_seeks(self)
-        return await getmany(self, active_partitions, timeout)
+        records = await getmany(self, active_partitions, timeout)
+        if records:
+            deliver_what_a_seek_brought(self, records)
+        return records
 
     _once(ThreadDelegateConsumer, "_getmany", _getmany)
+
+
+def deliver_what_a_seek_brought(consumer: Any, records: Mapping[Any, Any]) -> None:
+    """Faust's own seek to the committed offsets at an assignment can meet a batch in
+    hand the same way (seen in a joining worker: raw partition 3 fetched again from its
+    committed offset 14 while the loop's read offset stood at 153, so 14 to 152 were
+    dropped and the commits held at 23 until the partition was read again). aiokafka
+    hands out only records from the partition's position, which goes back only by a
+    seek: a fetch that starts below the loop's read offset is what a seek asked for. The
+    read offset is put back to its first record (not below the committed offset: those
+    were handled), so the loop delivers them; records it delivered already come twice,
+    and are answered twice, identically. Not for changelogs: Faust's recovery reads
+    their read offsets (``_handed_over``)."""
+    read = consumer._read_offset
+    for tp, batch in records.items():
+        if not batch:
+            continue
+        at = read.get(tp)
+        first = int(batch[0].offset)
+        if at is None or first >= at or consumer._is_changelog_tp(tp):
+            continue
+        committed = consumer._committed_offset.get(tp)
+        back = first if committed is None else max(first, int(committed))
+        if back < at:
+            read[tp] = back
+            log.info("%s[%d]: fetched from %d, below the fetch loop's read offset %d: "
+                     "delivered from %d", tp.topic, tp.partition, first, at, back)  # fmt: skip
 
 
 def request_seek(consumer: Any, tp: Any, offset: int) -> None:
