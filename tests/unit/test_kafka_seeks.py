@@ -134,6 +134,11 @@ def test_what_a_seek_brought_is_delivered_from_the_committed_offset_not_below() 
     assert loop._read_offset == {RAW: 14, OTHER: 12, log_tp: 90}
     faustfix.deliver_what_a_seek_brought(loop, {RAW: batch(160), OTHER: []})
     assert loop._read_offset == {RAW: 14, OTHER: 12, log_tp: 90}  # not a seek: as it was
+    # commits ahead of the read offset (offsets the broker said hold no message), and a
+    # partition the loop has read nothing of since its assignment: left as they are
+    loop._read_offset, loop._committed_offset = {RAW: 20, OTHER: None}, {RAW: 25}
+    faustfix.deliver_what_a_seek_brought(loop, {RAW: batch(10), OTHER: batch(0)})
+    assert loop._read_offset == {RAW: 20, OTHER: None}
 
 
 def test_a_seek_asked_for_before_a_rebalance_or_of_a_partition_gone_is_not_made(

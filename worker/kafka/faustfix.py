@@ -25,7 +25,9 @@ the consumer thread and stalled partitions, and was taken out.)
   drop what it brought back the same way, until the next try 10 s later. The worker's
   seeks are now made between two fetches, where no batch fetched before is left
   (nothing is judged stale: the seek is only put off until the batch in hand is
-  delivered).
+  delivered). Faust's own seek at an assignment cannot wait; a fetch that starts below
+  the loop's read offset is delivered all the same (``deliver_what_a_seek_brought``):
+  more copies, never fewer records.
 
 * ``guard_commits``: Faust commits the offsets of acknowledged messages after flushing its
   producer, whether the batches then reached the broker or failed. The worker acknowledges
@@ -137,8 +139,10 @@ def deliver_what_a_seek_brought(consumer: Any, records: Mapping[Any, Any]) -> No
     hand the same way (seen in a joining worker: raw partition 3 fetched again from its
     committed offset 14 while the loop's read offset stood at 153, so 14 to 152 were
     dropped and the commits held at 23 until the partition was read again). aiokafka
-    hands out only records from the partition's position, which goes back only by a
-    seek: a fetch that starts below the loop's read offset is what a seek asked for. The
+    hands out only records from the partition's position, which goes back only when it
+    is reset (a seek, or an out-of-range reset to the earliest offset, after an unclean
+    leader election): a fetch that starts below the loop's read offset is what the reset
+    asked for. The
     read offset is put back to its first record (not below the committed offset: those
     were handled), so the loop delivers them; records it delivered already come twice,
     and are answered twice, identically. Not for changelogs: Faust's recovery reads
