@@ -142,11 +142,10 @@ def deliver_what_a_seek_brought(consumer: Any, records: Mapping[Any, Any]) -> No
     hands out only records from the partition's position, which goes back only when it
     is reset (a seek, or an out-of-range reset to the earliest offset, after an unclean
     leader election): a fetch that starts below the loop's read offset is what the reset
-    asked for. The
-    read offset is put back to its first record (not below the committed offset: those
-    were handled), so the loop delivers them; records it delivered already come twice,
-    and are answered twice, identically. Not for changelogs: Faust's recovery reads
-    their read offsets (``_handed_over``)."""
+    asked for. The read offset is put back to its first record (not below the committed
+    offset: those were handled), so the loop delivers them; records it delivered already
+    come twice, and are answered twice, identically. Not for changelogs: the standbys
+    written in bulk read their read offsets (``_handed_over``)."""
     read = consumer._read_offset
     for tp, batch in records.items():
         if not batch:
