@@ -79,7 +79,7 @@ class TP(str):
 def _worker(consumer: FakeConsumer, absent: FakeAbsent) -> Worker:
     w = Worker.__new__(Worker)
     w.app = FakeApp(consumer)  # type: ignore[assignment]
-    w.stuck, w.sought, w.present, w.reread = {}, {}, {}, {}
+    w.stuck, w.present, w.reread = {}, {}, {}
     w.rereads = w.absent_runs = 0
     w.holes, w.seq_next = {}, {}
     w.absent = absent  # type: ignore[assignment]
@@ -202,7 +202,7 @@ def test_a_sequencer_message_left_past_a_hole_has_it_read_again_however_busy_the
     assert consumer.seeks == []
 
 
-def test_a_rebalance_forgets_what_was_sought_but_not_the_sequencers_holes(
+def test_a_rebalance_forgets_what_was_read_again_but_not_the_sequencers_holes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Partitions move: Faust reads them again from their committed offsets. The
@@ -212,10 +212,10 @@ def test_a_rebalance_forgets_what_was_sought_but_not_the_sequencers_holes(
     tp = TP("seq")
     consumer, absent = FakeConsumer([tp], 40, 45), FakeAbsent([])
     w = _worker(consumer, absent)
-    w.sought[tp], w.reread[tp], w.holes[tp] = 40, (40, 0.0), Hole(40, 43, 0.0)
+    w.reread[tp], w.holes[tp] = (40, 0.0), Hole(40, 43, 0.0)
     w.app.rebalancing = True
     _unstick(w)
-    assert w.sought == w.reread == {} and absent.asked == [] and consumer.seeks == []
+    assert w.reread == {} and absent.asked == [] and consumer.seeks == []
     assert w.holes == {tp: Hole(40, 43, 0.0)}
 
 

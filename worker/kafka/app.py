@@ -322,8 +322,6 @@ class Worker:
         #: which offset and when.
         self.rereads = 0
         self.reread: dict[Any, tuple[int, float]] = {}
-        #: Those sought on the last tick, and to what offset.
-        self.sought: dict[Any, int] = {}
         #: Stuck partitions whose offset the broker said holds a message, and that offset.
         self.present: dict[Any, int] = {}
         #: Runs of offsets the broker said hold no message (``mark_absent``).
@@ -809,10 +807,8 @@ class Worker:
         if self.app.rebalancing:
             # (not the sequencer's holes: the revoke and the assignment forget those, and
             # its steps may run before the rebalance ends, after the restore)
-            self.stuck, self.sought, self.present, self.reread = {}, {}, {}, {}
+            self.stuck, self.present, self.reread = {}, {}, {}
             return
-        faustfix.read_from(consumer, self.sought)  # the seeks of the last tick
-        self.sought = {}
         now = time.monotonic()
         seen, self.stuck = self.stuck, {}
         idle = functools.partial(faustfix.topic_idle, self.app)
@@ -947,11 +943,8 @@ class Worker:
 
     def _seek(self, tp: Any, offset: int) -> None:
         """Have ``tp`` read again from ``offset``: the fetch loop seeks there before its
-        next fetch, once the batch in hand is delivered (``faustfix.request_seek``). The
-        next ``unstick`` puts the loop's read offset back to it as well
-        (``faustfix.read_from``), which only matters for a seek made at once."""
+        next fetch, once the batch in hand is delivered (``faustfix.request_seek``)."""
         faustfix.request_seek(self.app.consumer, tp, offset)
-        self.sought[tp] = offset
 
     def describe(self) -> str:
         """For ``dump``: each assigned partition's offsets as the consumer sees them, the

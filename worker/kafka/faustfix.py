@@ -663,18 +663,6 @@ def topic_idle(app: Any, topic: str) -> bool:
     return all(channel.queue.empty() for channel in list(channels))
 
 
-def read_from(consumer: Any, sought: dict[Any, int]) -> None:
-    """After a seek of each partition in ``sought`` to its offset: a fetch batch from
-    before the seek may have moved the fetch loop's read offset past it again, and the
-    copies fetched after it would be dropped as read already. Put it back. (The worker's
-    seeks wait for the next fetch now, ``seeks_between_fetches``, where no such batch is
-    left; this stays for a seek made at once.)"""
-    for tp, offset in sought.items():
-        read = consumer._read_offset.get(tp)
-        if read is not None and read > offset:
-            consumer._read_offset[tp] = offset
-
-
 def committed_or_committing(consumer: Any, tp: Any) -> int | None:
     """The committed offset of ``tp``, or the one being committed if higher (None: no
     commit known yet)."""
