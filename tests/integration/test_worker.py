@@ -216,6 +216,7 @@ def test_bad_messages_go_to_the_dead_letter_topic_and_the_endpoint_answers(
         assert validate("rejected", r) == []
     log = w.log.read_text(errors="replace")
     assert f"topic={d.names.raw} partition=" in log and "offset=" in log
+    assert "event loop: uvloop.Loop" in log  # NEARDUP_EVENT_LOOP's default
     assert not d.decisions()
 
     wait_for(lambda: w.get("/readyz") == 200, 60, "the worker ready")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -392,6 +393,49 @@ def test_the_worker_logs_at_neardup_log_level(
         entry.main(argv)
     assert stopped.value.code in (0, None)
     assert seen == [faust_level]
+
+
+@pytest.fixture
+def restore_loop_policy() -> Iterator[None]:
+    yield
+    asyncio.set_event_loop_policy(None)
+
+
+@pytest.mark.parametrize(("setting", "module"), [("uvloop", "uvloop"), ("asyncio", "asyncio")])
+@pytest.mark.usefixtures("restore_logging", "restore_loop_policy")
+def test_the_worker_runs_on_the_event_loop_neardup_event_loop_names(
+    setting: str, module: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loops created once Faust's command starts (the worker's, and the one of Faust's
+    consumer thread, ``asyncio.new_event_loop``) are the setting's."""
+    import sys
+
+    from faust.cli.base import Command
+
+    from worker.kafka import __main__ as entry
+
+    seen: list[str] = []
+
+    def run_using_worker(self: Command, *args: object, **kwargs: object) -> None:
+        loop = asyncio.new_event_loop()
+        seen.append(type(loop).__module__.split(".")[0])
+        loop.close()
+        raise SystemExit(0)
+
+    asyncio.set_event_loop_policy(None)
+    monkeypatch.setattr(Command, "run_using_worker", run_using_worker)
+    monkeypatch.setattr(entry, "create_topics", lambda settings: None)
+    monkeypatch.setattr(sys, "argv", ["worker.kafka"])
+    monkeypatch.setenv("NEARDUP_EVENT_LOOP", setting)
+    monkeypatch.setenv("NEARDUP_STATE_DIR", str(tmp_path))
+    with pytest.raises(SystemExit) as stopped:
+        entry.main(["worker"])
+    assert stopped.value.code in (0, None)
+    assert seen == [module]
+
+
+def test_uvloop_is_the_default_event_loop() -> None:
+    assert Settings().event_loop == "uvloop"
 
 
 @pytest.mark.parametrize(

@@ -202,6 +202,22 @@ def arm_stop_deadline(grace_s: float) -> None:
     ModeWorker._schedule_shutdown = schedule  # type: ignore[method-assign,assignment]
 
 
+def use_event_loop(name: str) -> None:
+    """Make the event loops created from now on, the worker's and the one of Faust's
+    consumer thread, ``name``'s (NEARDUP_EVENT_LOOP): for uvloop, its policy, as mode's own
+    switch does (``mode.loop.use``, Faust's ``--loop``), though that one only the first
+    time; for asyncio, Python's default."""
+    if name != "uvloop":
+        asyncio.set_event_loop_policy(None)
+        return
+    try:
+        import uvloop
+    except ImportError:  # not installed (no wheel for the platform): the same, slower
+        log.warning("NEARDUP_EVENT_LOOP=uvloop, but uvloop is not installed: asyncio's loop")
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
 #: NEARDUP_LOG_LEVEL as Faust's ``--loglevel`` spells it (it has no "warning").
 FAUST_LOGLEVELS = {"DEBUG": "debug", "INFO": "info", "WARNING": "warn", "ERROR": "error"}
 
@@ -233,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for warning in unknown_variables(os.environ):
         log.warning("%s", warning)
+    use_event_loop(settings.event_loop)
     from worker.kafka.app import Worker
 
     worker = Worker(settings)

@@ -300,7 +300,7 @@ class Worker:
         self._signals()
         if serve_http:
             app.task(http_task)
-        app.task(self._install_dump)
+        app.task(self._on_loop_start)
 
     def _signals(self) -> None:
         app = self.app
@@ -336,9 +336,12 @@ class Worker:
         #: Sequencer messages left unacknowledged for being past a hole.
         self.out_of_order = 0
 
-    async def _install_dump(self) -> None:
+    async def _on_loop_start(self) -> None:
+        loop = asyncio.get_running_loop()
+        kind = type(loop)
+        log.info("event loop: %s.%s (NEARDUP_EVENT_LOOP)", kind.__module__, kind.__qualname__)
         # after mode's own signal handlers: the worker installs them before its app starts
-        dump.install(asyncio.get_running_loop(), self.describe)
+        dump.install(loop, self.describe)
 
     def _timers(self, interval: float) -> None:
         async def marks_timer() -> None:
