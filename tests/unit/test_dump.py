@@ -7,8 +7,10 @@ import logging
 import os
 import signal
 import threading
+from types import SimpleNamespace
 
 import pytest
+from mode.threads import WorkerThread
 
 from worker.kafka import dump
 
@@ -40,6 +42,38 @@ def test_report_names_each_thread_and_each_task_where_it_waits() -> None:
     waiter = tasks.split("task the-waiter ")[1].split("  task ")[0]
     assert waiter.startswith(waits_on_a_queue_name())
     assert "test_dump.py" in waiter  # the frame it is suspended in
+
+
+def test_report_lists_the_tasks_of_the_loop_of_fausts_consumer_thread() -> None:
+    """Faust runs aiokafka in a mode ``WorkerThread``, on its ``ServiceThread``'s loop."""
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+
+    async def waits_in_the_thread(q: asyncio.Queue[int]) -> None:
+        started.set()
+        await q.get()
+
+    tasks: list[asyncio.Task[None]] = []
+
+    def start_thread() -> None:
+        asyncio.set_event_loop(loop)
+        tasks.append(loop.create_task(waits_in_the_thread(asyncio.Queue()), name="the-fetcher"))
+        loop.run_forever()
+        tasks[0].cancel()
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+    service = SimpleNamespace(thread_loop=loop, _start_thread=start_thread)
+    thread = WorkerThread(service, name="consumer-thread")  # type: ignore[arg-type]
+    thread.start()
+    try:
+        assert started.wait(10)
+        text = dump.report()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+    tasks = text.split("tasks of the consumer-thread loop:")[1]
+    assert "task the-fetcher " in tasks and "waits_in_the_thread" in tasks
 
 
 def waits_on_a_queue_name() -> str:

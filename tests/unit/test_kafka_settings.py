@@ -10,6 +10,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -366,7 +367,7 @@ def test_the_worker_help_touches_no_broker_and_no_state(tmp_path: Path) -> None:
         ("DEBUG", ["worker", "--loglevel=error"], "error"),
     ],
 )
-@pytest.mark.usefixtures("restore_logging")
+@pytest.mark.usefixtures("restore_logging", "restore_process")
 def test_the_worker_logs_at_neardup_log_level(
     level: str, argv: list[str], faust_level: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -396,33 +397,68 @@ def test_the_worker_logs_at_neardup_log_level(
 
 
 @pytest.fixture
-def restore_loop_policy() -> Iterator[None]:
+def restore_process() -> Iterator[None]:
+    """What ``worker.kafka.__main__.main`` changes for the whole process, put back as it
+    was: the event loop policy (``use_event_loop``) and the loop mode keeps for the thread
+    (Faust's app resolves one), the signals' handlers, mode's patched
+    ``_schedule_shutdown`` (``arm_stop_deadline``) and ``tablekv``'s hooks."""
+    import signal
+
+    import mode.utils.loops
+    from mode.worker import Worker as ModeWorker
+
+    from worker.kafka import tablekv
+
+    policy = asyncio.get_event_loop_policy()
+    handlers = {
+        sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    }
+    schedule = ModeWorker.__dict__["_schedule_shutdown"]
+    hooks = (tablekv.on_fatal, tablekv.on_doubt)
+    mode.utils.loops._current_loop.loop = None
     yield
-    asyncio.set_event_loop_policy(None)
+    loop = getattr(mode.utils.loops._current_loop, "loop", None)
+    if loop is not None and not loop.is_running():
+        loop.close()
+    mode.utils.loops._current_loop.loop = None
+    asyncio.set_event_loop_policy(policy)
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    ModeWorker._schedule_shutdown = schedule  # type: ignore[method-assign]
+    tablekv.on_fatal, tablekv.on_doubt = hooks
 
 
 @pytest.mark.parametrize(("setting", "module"), [("uvloop", "uvloop"), ("asyncio", "asyncio")])
-@pytest.mark.usefixtures("restore_logging", "restore_loop_policy")
+@pytest.mark.usefixtures("restore_logging", "restore_process")
 def test_the_worker_runs_on_the_event_loop_neardup_event_loop_names(
     setting: str, module: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The loops created once Faust's command starts (the worker's, and the one of Faust's
-    consumer thread, ``asyncio.new_event_loop``) are the setting's."""
+    """Faust's loop (the one its worker command runs, resolved while the app was made)
+    and the loop of Faust's consumer thread are the setting's."""
     import sys
 
+    import mode.utils.loops
     from faust.cli.base import Command
 
     from worker.kafka import __main__ as entry
+    from worker.kafka import app as worker_app
 
+    made: list[Any] = []
     seen: list[str] = []
+    init = worker_app.Worker.__init__
+
+    def keep(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
 
     def run_using_worker(self: Command, *args: object, **kwargs: object) -> None:
-        loop = asyncio.new_event_loop()
-        seen.append(type(loop).__module__.split(".")[0])
-        loop.close()
+        (worker,) = made
+        for loop in (mode.utils.loops.get_event_loop(), worker.app.consumer._thread.thread_loop):
+            seen.append(type(loop).__module__.split(".")[0])
         raise SystemExit(0)
 
     asyncio.set_event_loop_policy(None)
+    monkeypatch.setattr(worker_app.Worker, "__init__", keep)
     monkeypatch.setattr(Command, "run_using_worker", run_using_worker)
     monkeypatch.setattr(entry, "create_topics", lambda settings: None)
     monkeypatch.setattr(sys, "argv", ["worker.kafka"])
@@ -431,7 +467,47 @@ def test_the_worker_runs_on_the_event_loop_neardup_event_loop_names(
     with pytest.raises(SystemExit) as stopped:
         entry.main(["worker"])
     assert stopped.value.code in (0, None)
-    assert seen == [module]
+    assert seen == [module, module]
+
+
+@pytest.mark.usefixtures("restore_logging", "restore_process")
+def test_the_signals_the_loop_handled_get_their_defaults_back_when_faust_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uvloop leaves its handlers installed once its loop is closed: without the defaults
+    put back, SIGTERM and Ctrl-C would do nothing while the worker stops."""
+    import signal
+    import sys
+
+    import mode.utils.loops
+    from faust.cli.base import Command
+
+    from worker.kafka import __main__ as entry
+
+    def run_using_worker(self: Command, *args: object, **kwargs: object) -> None:
+        loop = mode.utils.loops.get_event_loop()
+        for sig in entry.LOOP_SIGNALS:  # as mode's worker and worker.kafka.dump do
+            loop.add_signal_handler(sig, lambda: None)
+
+        async def run() -> None:
+            pass
+
+        loop.run_until_complete(run())
+        loop.close()
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)  # uvloop's
+        raise SystemExit(0)
+
+    asyncio.set_event_loop_policy(None)
+    monkeypatch.setattr(Command, "run_using_worker", run_using_worker)
+    monkeypatch.setattr(entry, "create_topics", lambda settings: None)
+    monkeypatch.setattr(sys, "argv", ["worker.kafka"])
+    monkeypatch.setenv("NEARDUP_EVENT_LOOP", "uvloop")
+    monkeypatch.setenv("NEARDUP_STATE_DIR", str(tmp_path))
+    with pytest.raises(SystemExit):
+        entry.main(["worker"])
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_uvloop_is_the_default_event_loop() -> None:

@@ -23,11 +23,15 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from worker.kafka import freshness, undo
 from worker.kafka.security import connection_problem, describe, install_log_redaction
 from worker.kafka.topics import ensure_topics_sync, tombstone_retention_ms
 from worker.settings import Settings, read_settings, unknown_variables
+
+if TYPE_CHECKING:  # the app imports Faust, which must come after ``use_event_loop``
+    from worker.kafka.app import Worker
 
 log = logging.getLogger("worker.kafka")
 
@@ -212,10 +216,32 @@ def use_event_loop(name: str) -> None:
         return
     try:
         import uvloop
-    except ImportError:  # not installed (no wheel for the platform): the same, slower
-        log.warning("NEARDUP_EVENT_LOOP=uvloop, but uvloop is not installed: asyncio's loop")
+
+        policy = uvloop.EventLoopPolicy()
+    except (ImportError, AttributeError) as exc:  # no wheel for the platform; a uvloop
+        # without policies (they are deprecated): the same, slower
+        log.warning("NEARDUP_EVENT_LOOP=uvloop, but uvloop cannot be used (%s): asyncio's", exc)
         return
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    asyncio.set_event_loop_policy(policy)
+
+
+#: The signals the worker's event loop handles while it runs: mode's stop signals, and
+#: ``worker.kafka.dump``'s.
+LOOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+def run_faust(worker: Worker) -> None:
+    """Faust's command line; then the signals its event loop handled get their default
+    handlers back. uvloop leaves its own installed once its loop is closed (its
+    ``remove_signal_handler`` does nothing when the loop is not running), which would
+    have the process ignore SIGTERM and Ctrl-C while it releases its state and stops its
+    sandbox; asyncio's loop puts the defaults back itself."""
+    try:
+        worker.main()
+    finally:
+        for sig in LOOP_SIGNALS:
+            default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+            signal.signal(sig, default)
 
 
 #: NEARDUP_LOG_LEVEL as Faust's ``--loglevel`` spells it (it has no "warning").
@@ -280,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             argv = [*argv, "--without-web"]
         sys.argv = [sys.argv[0], *with_log_level(argv, settings.log_level)]
         try:
-            worker.main()
+            run_faust(worker)
         except SystemExit as exc:
             # a crash: mode re-raises its reason, then exits 1 from within that except
             if exc.code not in (0, None):
@@ -305,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         return 0
     sys.argv = [sys.argv[0], *with_log_level(argv, settings.log_level)]
-    worker.main()
+    run_faust(worker)
     return 0
 
 

@@ -102,7 +102,8 @@ def report(extra: Callable[[], str] | None = None) -> str:
         name = thread.name if thread is not None else str(ident)
         lines.append(f"  thread {name}")
         lines += _frames(_thread_stack(frame))
-        loop = getattr(thread, "loop", None)  # mode's ServiceThread keeps its loop here
+        # mode's WorkerThread (Faust's consumer thread) runs its ServiceThread's loop
+        loop = getattr(getattr(thread, "service", None), "thread_loop", None)
         if isinstance(loop, asyncio.AbstractEventLoop):
             loops.append((name, loop))
     try:
