@@ -8,7 +8,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -358,6 +358,33 @@ def test_the_worker_help_touches_no_broker_and_no_state(tmp_path: Path) -> None:
     assert not (tmp_path / "state" / RUNNING_MARKER).exists()
 
 
+def _main_until_faust(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    run_using_worker: Callable[..., None],
+    argv: Sequence[str] = ("worker",),
+    **env: str,
+) -> None:
+    """``worker.kafka.__main__.main(argv)`` under ``env``, no broker touched, until Faust's
+    worker command would run: ``run_using_worker`` runs instead and ends it (SystemExit 0)."""
+    import sys
+
+    from faust.cli.base import Command
+
+    from worker.kafka import __main__ as entry
+
+    asyncio.set_event_loop_policy(None)
+    monkeypatch.setattr(Command, "run_using_worker", run_using_worker)
+    monkeypatch.setattr(entry, "create_topics", lambda settings: None)
+    monkeypatch.setattr(sys, "argv", ["worker.kafka"])
+    monkeypatch.setenv("NEARDUP_STATE_DIR", str(tmp_path))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as stopped:
+        entry.main(list(argv))
+    assert stopped.value.code in (0, None)
+
+
 @pytest.mark.parametrize(
     ("level", "argv", "faust_level"),
     [
@@ -373,11 +400,7 @@ def test_the_worker_logs_at_neardup_log_level(
 ) -> None:
     """Faust's worker sets the root logger's level from its ``-l`` (WARN by default) when
     it starts: NEARDUP_LOG_LEVEL must reach it, or it governs only the start-up lines."""
-    import sys
-
     from faust.cli.base import Command
-
-    from worker.kafka import __main__ as entry
 
     seen: list[str | None] = []
 
@@ -385,14 +408,7 @@ def test_the_worker_logs_at_neardup_log_level(
         seen.append(self.loglevel)  # what Faust's worker would call setup_logging with
         raise SystemExit(0)
 
-    monkeypatch.setattr(Command, "run_using_worker", run_using_worker)
-    monkeypatch.setattr(entry, "create_topics", lambda settings: None)
-    monkeypatch.setattr(sys, "argv", ["worker.kafka"])
-    monkeypatch.setenv("NEARDUP_LOG_LEVEL", level)
-    monkeypatch.setenv("NEARDUP_STATE_DIR", str(tmp_path))
-    with pytest.raises(SystemExit) as stopped:
-        entry.main(argv)
-    assert stopped.value.code in (0, None)
+    _main_until_faust(monkeypatch, tmp_path, run_using_worker, argv, NEARDUP_LOG_LEVEL=level)
     assert seen == [faust_level]
 
 
@@ -435,12 +451,9 @@ def test_the_worker_runs_on_the_event_loop_neardup_event_loop_names(
 ) -> None:
     """Faust's loop (the one its worker command runs, resolved while the app was made)
     and the loop of Faust's consumer thread are the setting's."""
-    import sys
-
     import mode.utils.loops
     from faust.cli.base import Command
 
-    from worker.kafka import __main__ as entry
     from worker.kafka import app as worker_app
 
     made: list[Any] = []
@@ -457,16 +470,8 @@ def test_the_worker_runs_on_the_event_loop_neardup_event_loop_names(
             seen.append(type(loop).__module__.split(".")[0])
         raise SystemExit(0)
 
-    asyncio.set_event_loop_policy(None)
     monkeypatch.setattr(worker_app.Worker, "__init__", keep)
-    monkeypatch.setattr(Command, "run_using_worker", run_using_worker)
-    monkeypatch.setattr(entry, "create_topics", lambda settings: None)
-    monkeypatch.setattr(sys, "argv", ["worker.kafka"])
-    monkeypatch.setenv("NEARDUP_EVENT_LOOP", setting)
-    monkeypatch.setenv("NEARDUP_STATE_DIR", str(tmp_path))
-    with pytest.raises(SystemExit) as stopped:
-        entry.main(["worker"])
-    assert stopped.value.code in (0, None)
+    _main_until_faust(monkeypatch, tmp_path, run_using_worker, NEARDUP_EVENT_LOOP=setting)
     assert seen == [module, module]
 
 
@@ -477,7 +482,6 @@ def test_the_signals_the_loop_handled_get_their_defaults_back_when_faust_returns
     """uvloop leaves its handlers installed once its loop is closed: without the defaults
     put back, SIGTERM and Ctrl-C would do nothing while the worker stops."""
     import signal
-    import sys
 
     import mode.utils.loops
     from faust.cli.base import Command
@@ -497,14 +501,7 @@ def test_the_signals_the_loop_handled_get_their_defaults_back_when_faust_returns
         assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)  # uvloop's
         raise SystemExit(0)
 
-    asyncio.set_event_loop_policy(None)
-    monkeypatch.setattr(Command, "run_using_worker", run_using_worker)
-    monkeypatch.setattr(entry, "create_topics", lambda settings: None)
-    monkeypatch.setattr(sys, "argv", ["worker.kafka"])
-    monkeypatch.setenv("NEARDUP_EVENT_LOOP", "uvloop")
-    monkeypatch.setenv("NEARDUP_STATE_DIR", str(tmp_path))
-    with pytest.raises(SystemExit):
-        entry.main(["worker"])
+    _main_until_faust(monkeypatch, tmp_path, run_using_worker, NEARDUP_EVENT_LOOP="uvloop")
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
