@@ -228,8 +228,8 @@ def read_settings(command: str, **overrides: object) -> Settings | None:
 #: NEARDUP_* variables that other parts of the project read: the lexicon cache (``worker.
 #: fingerprint``), scripts/get-helm.sh's, the fault tests' seed, and every NEARDUP_KAFKA_*
 #: of scripts/kafka-local.sh. Not settings, and not typos of one.
-OTHER_VARIABLES = ("NEARDUP_CACHE_DIR", "NEARDUP_TOOLS", "NEARDUP_HELM_VERSION",
-                   "NEARDUP_FAULT_SEED")  # fmt: skip
+OTHER_VARIABLES = ("NEARDUP_CACHE_DIR", "NEARDUP_NATIVE", "NEARDUP_EXPECT_NATIVE",
+                   "NEARDUP_TOOLS", "NEARDUP_HELM_VERSION", "NEARDUP_FAULT_SEED")  # fmt: skip
 OTHER_PREFIXES = ("NEARDUP_KAFKA_",)
 
 

@@ -617,6 +617,24 @@ def test_every_variable_the_deployments_set_is_a_setting() -> None:
     assert unknown_variables(dict.fromkeys(names, "x")) == []
 
 
+def test_no_variable_the_code_or_ci_reads_is_called_unknown() -> None:
+    """A variable the engine reads (NEARDUP_NATIVE), or CI exports (NEARDUP_EXPECT_NATIVE),
+    must not be reported as ignored: the warning would be false."""
+    from worker.settings import unknown_variables
+
+    root = Path(__file__).resolve().parents[2]
+    sources = [
+        *(root / "worker").rglob("*.py"),
+        root / ".ci" / "run",
+        *(root / "scripts").glob("*.sh"),
+    ]
+    names = set()
+    for path in sources:
+        names |= set(re.findall(r"\bNEARDUP_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
+    assert {"NEARDUP_NATIVE", "NEARDUP_EXPECT_NATIVE", "NEARDUP_CACHE_DIR"} <= names
+    assert unknown_variables(dict.fromkeys(names, "x")) == []
+
+
 @pytest.mark.parametrize("content", [None, b"not a certificate\n"])
 def test_a_ca_bundle_that_cannot_be_read_is_a_settings_error(
     tmp_path: Path, content: bytes | None, monkeypatch: pytest.MonkeyPatch
