@@ -250,6 +250,28 @@ def test_a_page_held_back_a_minute_is_logged_with_the_partitions_that_hold_it(
     assert "waited 61 s" in record.getMessage() and "{0: None}" in record.getMessage()
 
 
+def test_a_page_is_held_back_from_the_release_before_it_or_the_restore_not_its_arrival() -> None:
+    """A page that arrived behind a backlog waited its turn: the stall log counts only
+    the time the sequencer stood still on it."""
+    now = [100.0]
+    seq = Sequencer(clock=lambda: now[0])
+    seq.observe(0, 0, 1, 10)
+    seq.on_marks(1, [wire.Mark(0, 3)], at=100.0)
+    for order in (1, 2):
+        seq.add((order, "p"), arrived=100.0)
+    assert seq.waiting() == 0.0  # nothing had arrived before 100
+    now[0] = 150.0
+    assert seq.waiting() == 50.0  # (1, "p") may go, and has not: 50 s since it arrived
+    assert seq.pop() == (1, "p")
+    now[0] = 170.0
+    assert seq.waiting() == 20.0  # (2, "p"): since the release before it, not since 100
+    seq.restore(1, seq.progress.items(), [((2, "p"), 100.0)], (1, "p"))
+    now[0] = 175.0
+    assert seq.waiting() == 5.0  # since the restore
+    seq.pop()
+    assert seq.waiting() == 0.0
+
+
 def test_marks_and_progress_stored_before_marks_had_a_time_vouch_for_every_page() -> None:
     old = b'{"v":1,"t":"marks","n":2,"m":[[0,5]]}'
     msg = wire.decode(old)

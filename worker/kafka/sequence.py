@@ -123,6 +123,9 @@ class Sequencer:
         #: When the state was last restored (``restore``, at every start of the stage,
         #: on ``clock``): a page waits ``wait`` from then at least.
         self.since = -math.inf
+        #: When a page was last released (on ``clock``): the next one is held back from
+        #: then on, not from its arrival (``waiting``).
+        self.last_release = -math.inf
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -244,6 +247,7 @@ class Sequencer:
         """Release the key ``peek`` returned."""
         key = heapq.heappop(self._heap)
         self._pending.pop(key, None)
+        self.last_release = self.clock()
         if self.released is not None and key < self.released:
             self.late += 1
         else:
@@ -260,8 +264,11 @@ class Sequencer:
         return list(self._blockers(self._heap[0])) if self._heap else []
 
     def waiting(self) -> float:
-        """Seconds the next pending page has been waiting (0: none)."""
+        """Seconds the next pending page has held the sequencer back (0: none): since it
+        arrived, the page before it was released, or the state was restored, whichever
+        came last. A page that waited its turn behind a backlog the sequencer was
+        working through has not held anything back."""
         if not self._heap:
             return 0.0
-        arrived = self._pending[self._heap[0]]
-        return max(0.0, self.clock() - arrived) if math.isfinite(arrived) else 0.0
+        since = max(self._pending[self._heap[0]], self.last_release, self.since)
+        return max(0.0, self.clock() - since) if math.isfinite(since) else 0.0
