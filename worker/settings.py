@@ -225,8 +225,9 @@ def read_settings(command: str, **overrides: object) -> Settings | None:
         return None
 
 
-#: NEARDUP_* variables that other parts of the project read: the lexicon cache (``worker.
-#: fingerprint``), scripts/get-helm.sh's, the fault tests' seed, and every NEARDUP_KAFKA_*
+#: NEARDUP_* variables that other parts of the project read: the lexicon cache and the
+#: native fingerprint stage's switch (``worker.fingerprint``), CI's demand for that stage
+#: (``.ci/run``), scripts/get-helm.sh's, the fault tests' seed, and every NEARDUP_KAFKA_*
 #: of scripts/kafka-local.sh. Not settings, and not typos of one.
 OTHER_VARIABLES = ("NEARDUP_CACHE_DIR", "NEARDUP_NATIVE", "NEARDUP_EXPECT_NATIVE",
                    "NEARDUP_TOOLS", "NEARDUP_HELM_VERSION", "NEARDUP_FAULT_SEED")  # fmt: skip

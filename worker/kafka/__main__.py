@@ -220,7 +220,7 @@ def use_event_loop(name: str) -> None:
         policy = uvloop.EventLoopPolicy()
     except (ImportError, AttributeError) as exc:  # no wheel for the platform; a uvloop
         # without policies (they are deprecated): the same, slower
-        log.warning("NEARDUP_EVENT_LOOP=uvloop, but uvloop cannot be used (%s): asyncio's", exc)
+        log.warning("NEARDUP_EVENT_LOOP=uvloop, but uvloop cannot be used (%s): asyncio", exc)
         return
     asyncio.set_event_loop_policy(policy)
 
