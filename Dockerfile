@@ -29,11 +29,11 @@ WORKDIR /src
 # requirements.lock: the versions the tests ran with and scripts/audit.sh audited.
 COPY pyproject.toml README.md requirements.lock ./
 COPY schemas ./schemas
-COPY worker ./worker
+COPY neardup ./neardup
 COPY --from=native /wheels /wheels
 RUN /opt/neardup/bin/pip install ".[kafka]" /wheels/*.whl -c requirements.lock \
-    && /opt/neardup/bin/python -c "import worker.settings, worker.produce, rocksdict, rjieba" \
-    && /opt/neardup/bin/python -c "from worker.fingerprint import native; assert native()"
+    && /opt/neardup/bin/python -c "import neardup.settings, neardup.produce, rocksdict, rjieba" \
+    && /opt/neardup/bin/python -c "from neardup.fingerprint import native; assert native()"
 
 FROM ${PYTHON_IMAGE}
 # A fixed numeric uid lets Kubernetes check runAsNonRoot without looking inside the image.
@@ -64,4 +64,4 @@ EXPOSE 8080
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('NEARDUP_HTTP_PORT', '8080'), timeout=4)"]
 # No -l: the worker logs at NEARDUP_LOG_LEVEL, which a -l here would override.
-CMD ["python", "-m", "worker.kafka", "worker"]
+CMD ["python", "-m", "neardup.kafka", "worker"]

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from worker.config import EngineConfig
-    from worker.engine import Analysed
+    from neardup.config import EngineConfig
+    from neardup.engine import Analysed
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data"
@@ -39,9 +39,9 @@ def micro_args(doc: str) -> argparse.Namespace:
 
 def analysed_pages(data: Path, limit: int, cfg: EngineConfig) -> list[Analysed]:
     """The first ``limit`` dev pages analysed in this process; the rejected ones left out."""
-    from worker.contract import parse_raw
-    from worker.engine import Analysed, analyse
-    from worker.records import Rejected
+    from neardup.contract import parse_raw
+    from neardup.engine import Analysed, analyse
+    from neardup.records import Rejected
 
     out = []
     for line in raw_lines(data / "pages.jsonl.gz")[:limit]:

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/cpu.py [--rounds 3] [--pages FILE] [--against DIR]
 
-Runs the real command (`python -m worker.cli dedup FILE --state DIR`, the defaults, so
+Runs the real command (`python -m neardup.cli dedup FILE --state DIR`, the defaults, so
 with the page sandbox) over the dev stream and reports the CPU seconds of the command,
 its sandbox zygote and worker (getrusage of the reaped children: user + system), start-up
 included, as ms a page and pages per CPU-second. On a shared machine wall time swings
@@ -39,7 +39,7 @@ def run(
     ``neardup dedup`` with ``extra`` arguments."""
     state = out.with_suffix(".state")
     shutil.rmtree(state, ignore_errors=True)
-    cmd = [sys.executable, "-m", "worker.cli", "dedup", str(pages), "--out", str(out),
+    cmd = [sys.executable, "-m", "neardup.cli", "dedup", str(pages), "--out", str(out),
            "--state", str(state), *extra]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -73,7 +73,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--pages", type=Path, default=DATA / "neardup-dev" / "pages.jsonl.gz")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--against", type=Path, help="another checkout (with its worker/) to compare")
+    ap.add_argument("--against", type=Path, help="another checkout (with its neardup/) to compare")
     args = ap.parse_args()
     arms = {"this": ROOT} | ({"against": args.against.resolve()} if args.against else {})
     cpu: dict[str, list[float]] = {a: [] for a in arms}

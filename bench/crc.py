@@ -1,4 +1,4 @@
-"""Reading fetched raw pages: aiokafka's own CRC check against ``worker.kafka.crc``.
+"""Reading fetched raw pages: aiokafka's own CRC check against ``neardup.kafka.crc``.
 
     python bench/crc.py [--data DIR] [--pages N (0: all)] [--rounds R]
 
@@ -63,8 +63,8 @@ def main() -> None:
     args = micro_args(__doc__ or "")
     from aiokafka.consumer import fetcher
 
-    from worker.kafka import crc
-    from worker.kafka.app import STREAM_FETCH_BYTES
+    from neardup.kafka import crc
+    from neardup.kafka.app import STREAM_FETCH_BYTES
 
     values = [line.rstrip(b"\n") for line in raw_lines(args.data / "pages.jsonl.gz")]
     values = values[: args.pages] if args.pages else values
@@ -75,15 +75,15 @@ def main() -> None:
     crc.install()
     ours = (fetcher.MemoryRecords, fetcher.PartitionRecords)
     if ours == theirs:
-        sys.exit("worker.kafka.crc did not install (see its warning)")
-    times: dict[str, list[float]] = {"aiokafka": [], "worker.kafka.crc": []}
+        sys.exit("neardup.kafka.crc did not install (see its warning)")
+    times: dict[str, list[float]] = {"aiokafka": [], "neardup.kafka.crc": []}
     for _ in range(args.rounds):
         times["aiokafka"].append(read(fetched, *theirs))
-        times["worker.kafka.crc"].append(read(fetched, *ours))
+        times["neardup.kafka.crc"].append(read(fetched, *ours))
     medians = {name: statistics.median(t) / len(values) * 1e6 for name, t in times.items()}
     for name, us in medians.items():
         print(f"{name:18} {us:7.1f} us a page (median of {args.rounds} rounds)")
-    print(f"ratio {medians['aiokafka'] / medians['worker.kafka.crc']:.1f}x")
+    print(f"ratio {medians['aiokafka'] / medians['neardup.kafka.crc']:.1f}x")
 
 
 if __name__ == "__main__":

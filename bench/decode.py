@@ -23,9 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from worker.contract import parse_raw  # noqa: E402
-from worker.decode import LAYERS, codec_for, decode, header_charset  # noqa: E402
-from worker.records import Decoded, RawPage, Rejected  # noqa: E402
+from neardup.contract import parse_raw  # noqa: E402
+from neardup.decode import LAYERS, codec_for, decode, header_charset  # noqa: E402
+from neardup.records import Decoded, RawPage, Rejected  # noqa: E402
 
 DATASETS = ("neardup-dev/pages.jsonl.gz", "extraction-dev/pages.jsonl.gz")
 MAX_BYTES = 8 * 1024 * 1024
@@ -122,7 +122,7 @@ def accuracy(title: str, items: list[RawPage], change: Callable[[RawPage], RawPa
 
 
 def _by_label(body: bytes, codec: str) -> str:
-    # Some Big5 pages hold ETEN kana that only cp950 has (see worker.decode).
+    # Some Big5 pages hold ETEN kana that only cp950 has (see neardup.decode).
     for candidate in (codec, "cp950") if codec == "big5hkscs" else (codec,):
         try:
             return body.decode(candidate)

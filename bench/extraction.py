@@ -1,4 +1,4 @@
-"""Speed and quality of the extractors in ``worker.extract``, side by side.
+"""Speed and quality of the extractors in ``neardup.extract``, side by side.
 
     python bench/extraction.py [--data DIR] [--extractors density,resiliparse,trafilatura]
 
@@ -33,9 +33,9 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere, without installi
 
 from selectolax.lexbor import LexborHTMLParser  # noqa: E402
 
-from worker.extract import DEFAULT_EXTRACTOR, strip_noise  # noqa: E402
-from worker.extract import extract as run_extract  # noqa: E402
-from worker.records import Decoded, Extracted, RawPage  # noqa: E402
+from neardup.extract import DEFAULT_EXTRACTOR, strip_noise  # noqa: E402
+from neardup.extract import extract as run_extract  # noqa: E402
+from neardup.records import Decoded, Extracted, RawPage  # noqa: E402
 
 PARSE_ONLY = "(lexbor parse)"
 _CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?([\w-]+)""", re.IGNORECASE)

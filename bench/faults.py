@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import DATA, raw_lines
 from bench.memory import rss
 from bench.worker import copies
+from neardup.cli import main as neardup
 from tests.integration.helpers import (
     Deployment,
     LocalBroker,
@@ -56,7 +57,6 @@ from tests.integration.helpers import (
     reference,
     tree_rss,
 )
-from worker.cli import main as neardup
 
 
 def in_order(lines: list[bytes]) -> list[bytes]:

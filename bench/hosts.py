@@ -25,9 +25,9 @@ from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worker.config import EngineConfig
-from worker.store import BufferedKV, RocksKV
-from worker.template import TemplateFilter
+from neardup.config import EngineConfig
+from neardup.store import BufferedKV, RocksKV
+from neardup.template import TemplateFilter
 
 
 def main() -> None:

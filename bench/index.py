@@ -28,10 +28,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worker.config import EngineConfig
-from worker.fingerprint import Fingerprints
-from worker.index import ENTRY, KVIndex, string_keys, table_masks
-from worker.store import RocksKV
+from neardup.config import EngineConfig
+from neardup.fingerprint import Fingerprints
+from neardup.index import ENTRY, KVIndex, string_keys, table_masks
+from neardup.store import RocksKV
 
 CHUNK = 1 << 20
 

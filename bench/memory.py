@@ -77,7 +77,7 @@ def main() -> None:
     worker = run.worker(0)
     worker.env.update(dict(item.split("=", 1) for item in args.env))
     if args.checkout is not None:
-        # the worker runs ``python -m worker.kafka`` in ``helpers.ROOT``, which puts that
+        # the worker runs ``python -m neardup.kafka`` in ``helpers.ROOT``, which puts that
         # directory first on its path: the other checkout's package is the one imported
         helpers.ROOT = args.checkout.resolve()
     commit = subprocess.run(

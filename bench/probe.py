@@ -1,4 +1,4 @@
-"""The routed topology's bucket probe (``worker.kafka.route.probe_bucket``): empty buckets
+"""The routed topology's bucket probe (``neardup.kafka.route.probe_bucket``): empty buckets
 through their shortcut against the general numpy path, side by side.
 
     .venv/bin/python bench/probe.py [--data DIR] [--pages 300] [--rounds 5]
@@ -23,11 +23,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import analysed_pages, micro_args
-from worker.config import EngineConfig
-from worker.index import KVIndex, make_entry
-from worker.kafka import wire
-from worker.kafka.route import _probe_filled, probe_bucket
-from worker.store import MemoryKV
+from neardup.config import EngineConfig
+from neardup.index import KVIndex, make_entry
+from neardup.kafka import wire
+from neardup.kafka.route import _probe_filled, probe_bucket
+from neardup.store import MemoryKV
 
 Probe = Callable[[KVIndex, bytes | None, bytes | None, wire.ProbeMsg], object]
 

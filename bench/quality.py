@@ -21,16 +21,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA, raw_lines, read_jsonl
-from worker.cli import config_from_sets
-from worker.config import EngineConfig
-from worker.contract import parse_raw
-from worker.decode import decode
-from worker.engine import Engine
-from worker.evaluate import Report, score
-from worker.extract import extract
-from worker.fingerprint import simhash
-from worker.records import Rejected
-from worker.store import MemoryKV
+from neardup.cli import config_from_sets
+from neardup.config import EngineConfig
+from neardup.contract import parse_raw
+from neardup.decode import decode
+from neardup.engine import Engine
+from neardup.evaluate import Report, score
+from neardup.extract import extract
+from neardup.fingerprint import simhash
+from neardup.records import Rejected
+from neardup.store import MemoryKV
 
 
 class UnionFind:

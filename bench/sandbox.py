@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/sandbox.py [--pages 600] [--rounds 3]
 
-Runs the real command (`python -m worker.cli dedup`, in-memory state) over the first
+Runs the real command (`python -m neardup.cli dedup`, in-memory state) over the first
 ``--pages`` dev pages, once with the default config (sandbox on) and once with
 ``--set extract_timeout_s=0`` (analysis in the process, unbounded), rounds alternating so
 that both see the same machine load. Reports wall time per run (start-up included) and
@@ -29,11 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA, ROOT, raw_lines
-from worker.config import EngineConfig
-from worker.contract import parse_raw
-from worker.engine import analyse
-from worker.records import RawPage
-from worker.sandbox import Sandbox
+from neardup.config import EngineConfig
+from neardup.contract import parse_raw
+from neardup.engine import analyse
+from neardup.records import RawPage
+from neardup.sandbox import Sandbox
 
 PAGES = DATA / "neardup-dev" / "pages.jsonl.gz"
 MODES = {"sandbox": [], "in-process": ["--set", "extract_timeout_s=0"]}
@@ -44,7 +44,7 @@ def run_cli(pages: Path, out: Path, extra: list[str]) -> tuple[float, float, flo
     """(wall seconds, CPU seconds of the command and its sandbox child, the pages/s the
     command reports). CPU time barely moves with the load of other processes on the host;
     wall time does."""
-    cmd = [sys.executable, "-m", "worker.cli", "dedup", str(pages), "--out", str(out), *extra]
+    cmd = [sys.executable, "-m", "neardup.cli", "dedup", str(pages), "--out", str(out), *extra]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)

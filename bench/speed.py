@@ -13,7 +13,7 @@ the medians are compared:
 * neardup in one process (``--set extract_timeout_s=0``: no sandbox), the same state;
 * the reference: decode, trafilatura, jieba and a tf-weighted SimHash, one core: what a
   straightforward implementation costs a page;
-* the whole command in one process (``python -m worker.cli dedup FILE --state DIR --set
+* the whole command in one process (``python -m neardup.cli dedup FILE --state DIR --set
   extract_timeout_s=0``) over the dev stream's file as it is, every page of it, gzip
   decompression and the interpreter's start-up included: the strictest reading of the
   target (``--no-command`` leaves it out).
@@ -47,15 +47,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import DATA, ROOT, raw_lines
 from bench.cpu import run as run_cli
 from bench.extraction import PARSE_ONLY, load_pages, time_all
+from neardup.config import EngineConfig
+from neardup.contract import parse_raw
+from neardup.decode import decode
+from neardup.engine import STAGES, Engine
+from neardup.extract import extract
+from neardup.fingerprint import simhash
+from neardup.records import Rejected
+from neardup.store import RocksKV, open_state
 from tests.integration.helpers import tree_cpu
-from worker.config import EngineConfig
-from worker.contract import parse_raw
-from worker.decode import decode
-from worker.engine import STAGES, Engine
-from worker.extract import extract
-from worker.fingerprint import simhash
-from worker.records import Rejected
-from worker.store import RocksKV, open_state
 
 
 def run_neardup(

@@ -36,12 +36,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import analysed_pages, micro_args
-from worker.config import EngineConfig
-from worker.engine import Analysed
-from worker.kafka import wire
-from worker.kafka.route import RoutedStage, route_step
-from worker.kafka.stage import Emit
-from worker.store import RocksKV
+from neardup.config import EngineConfig
+from neardup.engine import Analysed
+from neardup.kafka import wire
+from neardup.kafka.route import RoutedStage, route_step
+from neardup.kafka.stage import Emit
+from neardup.store import RocksKV
 
 PARTITIONS = 4
 FRAME = 32

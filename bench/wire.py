@@ -23,8 +23,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import analysed_pages, micro_args
-from worker.config import EngineConfig
-from worker.kafka import wire
+from neardup.config import EngineConfig
+from neardup.kafka import wire
 
 
 def _median_us(f: Callable[[Any], object], xs: Sequence[Any], rounds: int) -> float:

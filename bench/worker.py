@@ -50,6 +50,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA, raw_lines
+from neardup.config import EngineConfig
+from neardup.contract import derive_page_id, parse_raw
+from neardup.engine import Engine
+from neardup.store import open_state
 from tests.integration.helpers import (
     Collector,
     LocalBroker,
@@ -63,10 +67,6 @@ from tests.integration.helpers import (
     tree_pids,
     wait_for,
 )
-from worker.config import EngineConfig
-from worker.contract import derive_page_id, parse_raw
-from worker.engine import Engine
-from worker.store import open_state
 
 
 def own_cpu(pid: int) -> float:

@@ -2,7 +2,7 @@
 # check-deploy.sh - validate the deployment files without a cluster or a Docker engine:
 #   1. the Helm chart: `helm lint --strict` and `helm template` with the default values
 #      and with SASL_SSL + ServiceMonitor + engine settings; every NEARDUP_* variable the
-#      rendered manifests set must be a field of worker/settings.py; values the chart must
+#      rendered manifests set must be a field of neardup/settings.py; values the chart must
 #      refuse (replicas > partitions, SASL without a password, a password without SASL,
 #      HTTP port 0, exactly_once, a stop grace past the pod's) must fail to render;
 #   2. docker-compose.yml: `docker compose config` where the compose plugin (or the older
@@ -25,8 +25,8 @@ failures=0
 log() { echo "check-deploy: $*" >&2; }
 fail() { log "FAIL: $*"; failures=$((failures + 1)); }
 
-"$PYTHON" -c 'import yaml, worker.settings' 2>/dev/null \
-    || { log "$PYTHON cannot import yaml and worker.settings (pip install -e '.[dev,kafka]')"; exit 1; }
+"$PYTHON" -c 'import yaml, neardup.settings' 2>/dev/null \
+    || { log "$PYTHON cannot import yaml and neardup.settings (pip install -e '.[dev,kafka]')"; exit 1; }
 
 # ---------------------------------------------------------------- helm
 
@@ -88,7 +88,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel
 
-from worker.settings import EngineSettings, Settings
+from neardup.settings import EngineSettings, Settings
 
 out = Path(sys.argv[1])
 known = set()

@@ -278,7 +278,7 @@ default.replication.factor=1
 min.insync.replicas=1
 
 num.partitions=1
-# A raw-page line may be up to 4 x 5 MiB + 64 KiB (worker/contract.py), as in
+# A raw-page line may be up to 4 x 5 MiB + 64 KiB (neardup/contract.py), as in
 # docker-compose.yml; Kafka's default of 1 MiB would refuse ordinary large pages.
 message.max.bytes=23068672
 auto.create.topics.enable=true

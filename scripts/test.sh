@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check worker tests bench scripts
+.venv/bin/ruff check neardup tests bench scripts
 .venv/bin/mypy
 
 if [[ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]]; then

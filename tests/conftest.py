@@ -24,7 +24,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if "NEARDUP_CACHE_DIR" not in os.environ:
         _CACHE.append(tempfile.mkdtemp(prefix="neardup-test-cache-"))
         os.environ["NEARDUP_CACHE_DIR"] = _CACHE[0]
-    from worker.fingerprint import _lexicon
+    from neardup.fingerprint import _lexicon
 
     _lexicon()
 

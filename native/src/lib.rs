@@ -1,4 +1,4 @@
-//! neardup's fingerprint stage in Rust: the same values as `worker/fingerprint.py`'s
+//! neardup's fingerprint stage in Rust: the same values as `neardup/fingerprint.py`'s
 //! Python path, bit for bit, without a Python object per word.
 //!
 //! The Python path segments with rjieba (jieba-rs), then works on each page's few hundred
@@ -16,7 +16,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-/// Character classes, one byte a code point (`worker/fingerprint.py`, `char_classes`).
+/// Character classes, one byte a code point (`neardup/fingerprint.py`, `char_classes`).
 const WORD: u8 = 1; // re's \w: str.isalnum() or "_"
 const ALNUM: u8 = 2; // str.isalnum(): \w without "_"
 const DECIMAL: u8 = 4; // re's \d
@@ -466,7 +466,7 @@ impl Fingerprinter {
     }
 }
 
-/// Bumped with every change to what `Fingerprinter` computes: `worker/fingerprint.py`
+/// Bumped with every change to what `Fingerprinter` computes: `neardup/fingerprint.py`
 /// uses a module only of the format it was written against.
 const FORMAT: u32 = 1;
 

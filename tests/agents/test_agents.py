@@ -19,18 +19,18 @@ from typing import Any
 import pytest
 from faust.types import TP
 
+from neardup.config import EngineConfig
+from neardup.contract import parse_raw, validate
+from neardup.engine import Analysed, Engine, Stats
+from neardup.kafka import faustfix, wire
+from neardup.kafka.app import Worker
+from neardup.kafka.inorder import Hole
+from neardup.kafka.stage import analyse_messages, backlogged, drained
+from neardup.records import Rejected
+from neardup.settings import Settings
+from neardup.store import MemoryKV
 from tests.corpus import line
 from tests.gold import gold_stream
-from worker.config import EngineConfig
-from worker.contract import parse_raw, validate
-from worker.engine import Analysed, Engine, Stats
-from worker.kafka import faustfix, wire
-from worker.kafka.app import Worker
-from worker.kafka.inorder import Hole
-from worker.kafka.stage import analyse_messages, backlogged, drained
-from worker.records import Rejected
-from worker.settings import Settings
-from worker.store import MemoryKV
 
 PDF = {
     "url": "https://files.example.cn/report.pdf",
@@ -141,7 +141,7 @@ def test_analyse_forwards_pages_with_their_offsets_and_dead_letters_the_rest(
             await agent.put(value=line(PDF).encode(), key=b"k", partition=1)
             await analysed(rec, len(pages) + 3)
 
-    with caplog.at_level(logging.INFO, logger="worker.kafka"):
+    with caplog.at_level(logging.INFO, logger="neardup.kafka"):
         run(go)
     forwarded = [wire.decode(v) for v in sequenced(rec)]
     assert [type(m) for m in forwarded] == [wire.PageMsg, wire.PageMsg]
@@ -385,7 +385,7 @@ def test_a_new_hole_after_one_filled_is_logged_and_read_again_at_once(
             await agent.put(value=_marks2(), partition=0)  # 5: left
             await until(lambda: worker.out_of_order == 2, "left again")
 
-    with caplog.at_level(logging.WARNING, logger="worker.kafka"):
+    with caplog.at_level(logging.WARNING, logger="neardup.kafka"):
         run(go)
     assert worker.holes[tp][:2] == (4, 5)
     assert len([r for r in caplog.records if "came before" in r.getMessage()]) == 2
@@ -441,7 +441,7 @@ def test_an_undecodable_sequencer_message_is_logged_and_skipped(
             await agent.put(value=b'{"v": 99}', partition=0)
             await until(lambda: any("undecodable" in r.getMessage() for r in caplog.records), "log")
 
-    with caplog.at_level(logging.ERROR, logger="worker.kafka"):
+    with caplog.at_level(logging.ERROR, logger="neardup.kafka"):
         run(go)
     assert rec.calls == []
     (record,) = [r for r in caplog.records if "undecodable" in r.getMessage()]
@@ -640,7 +640,7 @@ def test_routed_agents_probe_buckets_by_key_and_decide_like_the_engine(tmp_path:
 
 
 def test_the_state_gate_holds_steps_back_until_reopened_and_waits_for_those_under_way() -> None:
-    from worker.kafka.app import StateGate
+    from neardup.kafka.app import StateGate
 
     async def go() -> None:
         gate = StateGate(timeout=5.0)
@@ -684,7 +684,7 @@ def test_the_state_gate_holds_steps_back_until_reopened_and_waits_for_those_unde
 
 
 def test_a_step_woken_by_the_gate_and_closed_out_again_before_it_ran_waits_again() -> None:
-    from worker.kafka.app import StateGate
+    from neardup.kafka.app import StateGate
 
     async def go() -> None:
         gate = StateGate(timeout=5.0)
@@ -735,7 +735,7 @@ def test_a_restore_overtaken_by_another_rebalance_does_not_reopen_the_gate(
 def test_no_ack_for_messages_of_revoked_partitions_or_of_an_older_generation() -> None:
     from faust.types import TP
 
-    from worker.kafka import faustfix
+    from neardup.kafka import faustfix
 
     kept, gone = TP("raw", 0), TP("raw", 1)
 

@@ -21,7 +21,7 @@ import atheris
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-with atheris.instrument_imports(include=["worker", "tests.fuzz"]):
+with atheris.instrument_imports(include=["neardup", "tests.fuzz"]):
     from tests.fuzz.targets import TARGETS
 
 

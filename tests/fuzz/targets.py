@@ -25,13 +25,13 @@ import base64
 import json
 from collections.abc import Callable, Iterator
 
-from worker.config import EngineConfig
-from worker.contract import parse_raw, validate
-from worker.decode import LAYERS, MAX_BAD_SHARE, bad_share, decode
-from worker.engine import Engine, Outcome
-from worker.extract import extract
-from worker.records import Decoded, Extracted, RawPage, Reason, Rejected
-from worker.store import MemoryKV
+from neardup.config import EngineConfig
+from neardup.contract import parse_raw, validate
+from neardup.decode import LAYERS, MAX_BAD_SHARE, bad_share, decode
+from neardup.engine import Engine, Outcome
+from neardup.extract import extract
+from neardup.records import Decoded, Extracted, RawPage, Reason, Rejected
+from neardup.store import MemoryKV
 
 #: A small byte limit, so that the too_large paths are reached by small inputs.
 MAX_BYTES = 4096

@@ -17,6 +17,14 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from neardup.config import EngineConfig
+from neardup.contract import parse_raw
+from neardup.decode import decode
+from neardup.engine import Engine, analyse
+from neardup.extract import extract
+from neardup.records import Decoded, RawPage, Rejected
+from neardup.sandbox import Sandbox
+from neardup.store import MemoryKV
 from tests.fuzz import inputs
 from tests.fuzz.targets import (
     CFG,
@@ -31,14 +39,6 @@ from tests.fuzz.targets import (
     extract_target,
     parse_raw_target,
 )
-from worker.config import EngineConfig
-from worker.contract import parse_raw
-from worker.decode import decode
-from worker.engine import Engine, analyse
-from worker.extract import extract
-from worker.records import Decoded, RawPage, Rejected
-from worker.sandbox import Sandbox
-from worker.store import MemoryKV
 
 _SCALE = float(os.environ.get("FUZZ_EXAMPLES", "1"))
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neardup.cli import main as neardup
+from neardup.contract import derive_page_id
+from neardup.engine import page_order
 from tests.corpus import line
 from tests.gold import gold_stream
-from worker.cli import main as neardup
-from worker.contract import derive_page_id
-from worker.engine import page_order
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "examples" / "sample.jsonl"
@@ -58,7 +58,7 @@ def _sort_key(value: bytes) -> tuple[int, int, str]:
 def stream(seeds: Iterable[int] = (2026, 7, 11)) -> list[bytes]:
     """Raw-page messages: gold streams (their URLs made unique per seed, each seed an hour
     later) and the bundled sample, in (fetched_at, page_id) order, which is the order the
-    worker decides in (see ``worker.kafka.sequence``)."""
+    worker decides in (see ``neardup.kafka.sequence``)."""
     values: list[bytes] = []
     for n, seed in enumerate(seeds):
         messages, _ = gold_stream(seed)
@@ -272,10 +272,10 @@ def local_tables(state_dir: Path) -> dict[tuple[str, int], Path]:
 
 def read_table(db: Path) -> tuple[int | None, dict[bytes, bytes]]:
     """A stopped worker's table partition: the changelog offset Faust persisted in it, and
-    its items but that offset and undo records (``worker.kafka.undo``)."""
+    its items but that offset and undo records (``neardup.kafka.undo``)."""
     from rocksdict import Options, Rdict
 
-    from worker.kafka.undo import OFFSET_KEY, UNDO_PREFIX
+    from neardup.kafka.undo import OFFSET_KEY, UNDO_PREFIX
 
     rd = Rdict(str(db), Options(raw_mode=True))
     try:
@@ -432,7 +432,7 @@ def listening(pid: int) -> set[tuple[str, int]]:
 
 
 class WorkerProcess:
-    """``python -m worker.kafka worker`` with its own state directory and HTTP port."""
+    """``python -m neardup.kafka worker`` with its own state directory and HTTP port."""
 
     def __init__(
         self,
@@ -475,7 +475,7 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         fh = self.log.open("ab")
         self.ended = False
-        argv = [sys.executable, "-m", "worker.kafka", "worker", "-l", self.loglevel]
+        argv = [sys.executable, "-m", "neardup.kafka", "worker", "-l", self.loglevel]
         if self.fsize is not None:  # set in the child, which then becomes the worker
             launch = (
                 "import os, resource, sys; "
@@ -653,7 +653,7 @@ class Deployment:
             raise AssertionError(f"{exc}\n{self.where()}") from None
 
     def where(self) -> str:
-        """Where each live worker is (``worker.kafka.dump``: SIGUSR1, answered in its
+        """Where each live worker is (``neardup.kafka.dump``: SIGUSR1, answered in its
         log), for a failure that a worker went quiet."""
         live = [w for w in self.workers if w.alive()]
         sizes = {}

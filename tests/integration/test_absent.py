@@ -1,4 +1,4 @@
-"""``worker.kafka.absent`` against a real broker: which offsets hold no message."""
+"""``neardup.kafka.absent`` against a real broker: which offsets hold no message."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from neardup.kafka.absent import Absent
 from tests.integration.helpers import Names, create_topics, produce
-from worker.kafka.absent import Absent
 
 pytestmark = pytest.mark.integration
 

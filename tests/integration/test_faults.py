@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from neardup.kafka import freshness
 from tests.integration.helpers import (
     LocalBroker,
     accounted,
@@ -36,7 +37,6 @@ from tests.integration.helpers import (
     tree_rss,
     wait_for,
 )
-from worker.kafka import freshness
 
 pytestmark = pytest.mark.integration
 
@@ -215,7 +215,7 @@ def test_a_deleted_state_directory_is_rebuilt_from_the_changelog(
     assert "Restoring state from changelog topics" in log
     pages, out = check_after_fault(values, ref, d)
     print(f"state deleted: {pages} pages in, {out} decisions + rejects out")
-    # the restore wrote most records in bulk (worker.kafka.faustfix), and every table
+    # the restore wrote most records in bulk (neardup.kafka.faustfix), and every table
     # holds what its changelog holds
     restored = re.search(
         r"^neardup_restored_records_total (\S+)$", again.fetch("/metrics")[1], re.M

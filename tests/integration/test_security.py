@@ -5,7 +5,7 @@ A session fixture makes a throwaway CA and a broker certificate for 127.0.0.1 wi
 Python dependency; the keystore is PKCS12, which the JDK reads natively, so keytool is not
 needed either), and starts its own broker with ``scripts/kafka-local.sh`` in secured mode:
 SASL_PLAINTEXT and SASL_SSL listeners, PLAIN and SCRAM users. Then the real worker process
-and ``python -m worker.produce`` run over each listener: pages in, decisions out, the
+and ``python -m neardup.produce`` run over each listener: pages in, decisions out, the
 password nowhere in what they print or serve.
 """
 
@@ -24,6 +24,13 @@ from pathlib import Path
 
 import pytest
 
+from neardup.kafka.security import (
+    aiokafka_kwargs,
+    connection_problem,
+    describe,
+    faust_credentials,
+)
+from neardup.settings import Settings
 from tests.integration.conftest import _no_broker
 from tests.integration.helpers import (
     ROOT,
@@ -39,13 +46,6 @@ from tests.integration.helpers import (
     stream,
     wait_for,
 )
-from worker.kafka.security import (
-    aiokafka_kwargs,
-    connection_problem,
-    describe,
-    faust_credentials,
-)
-from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -171,7 +171,7 @@ def _assert_no_secret(texts: dict[str, str]) -> None:
 
 def _produce(names: Names, env: dict[str, str], pages: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "worker.produce", str(pages)],
+        [sys.executable, "-m", "neardup.produce", str(pages)],
         env={**os.environ, **env, "NEARDUP_TOPIC_RAW": names.raw},
         cwd=ROOT,
         capture_output=True,
@@ -308,7 +308,7 @@ def test_errors_and_objects_never_show_the_password(secure_broker: SecureBroker)
     the exception aiokafka raises with its traceback, and the settings objects."""
     import traceback
 
-    from worker.kafka.topics import ensure_topics
+    from neardup.kafka.topics import ensure_topics
 
     texts: dict[str, str] = {}
     for password in (WRONG, PASSWORD):

@@ -1,4 +1,4 @@
-"""``python -m worker.kafka.tail`` against a real broker: a topic printed from its
+"""``python -m neardup.kafka.tail`` against a real broker: a topic printed from its
 beginning, every partition, without joining a consumer group."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _tail(bootstrap: str, names: Names, *args: str) -> subprocess.CompletedProce
         "NEARDUP_TOPIC_DECISIONS": names.decisions,
     }
     return subprocess.run(
-        [sys.executable, "-m", "worker.kafka.tail", *args],
+        [sys.executable, "-m", "neardup.kafka.tail", *args],
         env=env,
         check=False,
         capture_output=True,
@@ -75,7 +75,7 @@ def test_tail_stops_quietly_on_ctrl_c_and_when_its_reader_goes(kafka_bootstrap: 
     # Python's own SIGINT handler even where the runner started us with SIGINT ignored
     launch = (
         "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "sys.argv = ['tail', '--idle-s', '60']; runpy.run_module('worker.kafka.tail', "
+        "sys.argv = ['tail', '--idle-s', '60']; runpy.run_module('neardup.kafka.tail', "
         "run_name='__main__')"
     )
     argv = [sys.executable, "-c", launch]

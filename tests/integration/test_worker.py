@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from neardup.contract import validate
 from tests.integration.helpers import all_out as _all_out
 from tests.integration.helpers import (
     check_after_fault,
@@ -27,7 +28,6 @@ from tests.integration.helpers import (
     wait_for,
 )
 from tests.integration.helpers import check_against as _check_against
-from worker.contract import validate
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ def test_a_second_worker_joining_takes_partitions_and_changes_no_decision(
         return bool(mine and theirs) and not mine & theirs and mine | theirs == {"0", "1", "2", "3"}
 
     d.wait(split, DEADLINE, "the raw partitions' lag reported once each, by their holders")
-    # and the worker that runs the sequencer holds fewer of them (worker.kafka.assign): with
+    # and the worker that runs the sequencer holds fewer of them (neardup.kafka.assign): with
     # the default weight, 4 raw partitions and 2 workers, 1 and 3
     assert sorted(len(lag_partitions(w)) for w in (first, second)) == [1, 3]
     logs = "".join(w.log.read_text(errors="replace") for w in (first, second))
@@ -119,7 +119,7 @@ def test_standby_replicas_hold_exactly_what_the_changelogs_hold(
     deploy: Any, tmp_path: Path
 ) -> None:
     """Two workers, each with a standby replica of the other's table partitions, written in
-    bulk from the changelog records it fetches (``worker.kafka.faustfix.bulk_standbys``):
+    bulk from the changelog records it fetches (``neardup.kafka.faustfix.bulk_standbys``):
     the same decisions as ``neardup dedup``, and, once stopped, every table partition
     database either keeps, active or standby, equal to its changelog."""
     values = stream(range(1, 9))
@@ -245,7 +245,7 @@ def test_a_crawler_writing_in_transactions_has_every_page_decided_and_its_marker
 ) -> None:
     """A transactional producer leaves a commit marker after each transaction, at an
     offset with no message. The worker asks the broker which offsets those are
-    (``worker.kafka.absent``) and commits past them, the last one included: the raw
+    (``neardup.kafka.absent``) and commits past them, the last one included: the raw
     partitions drain (lag 0), and every page is decided as ``neardup dedup`` decides it."""
     values = stream(range(1, 4))
     ref = reference(values, tmp_path)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.cli import EXIT_FATAL, EXIT_REJECTED, EXIT_USAGE, main
-from worker.contract import validate
+from neardup.cli import EXIT_FATAL, EXIT_REJECTED, EXIT_USAGE, main
+from neardup.contract import validate
 
 SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sample.jsonl"
 
@@ -266,7 +266,7 @@ def test_an_output_that_cannot_be_written_is_a_message(
 def test_an_interrupt_leaves_whole_lines_and_a_state_to_continue_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from worker import sources
+    from neardup import sources
 
     original = sources.iter_pages
 

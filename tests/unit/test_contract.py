@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from worker.contract import (
+from neardup.contract import (
     SCHEMA_FILES,
     derive_page_id,
     load_schema,
@@ -20,7 +20,7 @@ from worker.contract import (
     schema_dir,
     validate,
 )
-from worker.records import RawPage, Reason, Rejected
+from neardup.records import RawPage, Reason, Rejected
 
 URL = "https://news.example.cn/2024/0101/a1.html"
 HTML = "<html><head><title>新闻</title></head><body><p>今天天气很好。</p></body></html>"

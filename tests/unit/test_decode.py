@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.decode import bad_share, codec_for, decode, meta_charset, not_html, reads_as_chinese
-from worker.records import Decoded, RawPage, Reason, Rejected
+from neardup.decode import bad_share, codec_for, decode, meta_charset, not_html, reads_as_chinese
+from neardup.records import Decoded, RawPage, Reason, Rejected
 
 # Sentences written for these tests; simplified for GB, traditional for Big5.
 SIMPLIFIED = (

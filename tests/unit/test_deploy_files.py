@@ -1,4 +1,4 @@
-"""The deployment files stay in step with worker/settings.py.
+"""The deployment files stay in step with neardup/settings.py.
 
 Settings ignores unknown NEARDUP_* variables (extra="ignore"), so a misspelt or renamed
 variable in docker-compose.yml or the Helm chart would be dropped without a word at run
@@ -17,7 +17,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from worker.settings import EngineSettings, Settings
+from neardup.settings import EngineSettings, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -99,7 +99,7 @@ def test_compose_worker_is_wired_to_its_settings(
     broker_host = settings.brokers.split(":")[0]
     assert compose["services"][broker_host]["hostname"] == broker_host
     producer = compose["services"]["producer"]
-    assert producer["command"][:3] == ["python", "-m", "worker.produce"]
+    assert producer["command"][:3] == ["python", "-m", "neardup.produce"]
     assert producer["command"][3] in (ROOT / "Dockerfile").read_text(encoding="utf-8")
 
 
@@ -133,7 +133,7 @@ def test_values_map_one_to_one_onto_settings(
     assert set(env) <= settings_env_names()
     parsed = _settings_from(env, monkeypatch)
     assert parsed.http_host == "0.0.0.0"  # probes and Prometheus reach the pod
-    # The worker refuses guarantees other than its default (worker/kafka/app.py).
+    # The worker refuses guarantees other than its default (neardup/kafka/app.py).
     assert parsed.processing_guarantee == Settings.model_fields["processing_guarantee"].default
 
 
@@ -197,5 +197,5 @@ def test_the_worker_commands_leave_the_log_level_to_the_settings(
     (args,) = re.findall(r"^\s*args: (\[.*\])$", sts, re.MULTILINE)
     commands["statefulset.yaml"] = json.loads(args)
     for where, command in commands.items():
-        assert command[:4] == ["python", "-m", "worker.kafka", "worker"], where
+        assert command[:4] == ["python", "-m", "neardup.kafka", "worker"], where
         assert not _names_a_log_level(command), f"{where}: {command}"

@@ -1,4 +1,4 @@
-"""``worker.kafka.dump``: where the threads and tasks of a quiet worker are."""
+"""``neardup.kafka.dump``: where the threads and tasks of a quiet worker are."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from mode.threads import WorkerThread
 
-from worker.kafka import dump
+from neardup.kafka import dump
 
 
 def test_report_names_each_thread_and_each_task_where_it_waits() -> None:
@@ -89,7 +89,7 @@ def test_sigusr1_logs_the_report(caplog: pytest.LogCaptureFixture) -> None:
                 return
             await asyncio.sleep(0.01)
 
-    with caplog.at_level(logging.WARNING, logger="worker.kafka"):
+    with caplog.at_level(logging.WARNING, logger="neardup.kafka"):
         asyncio.run(scene())
     said = [r.getMessage() for r in caplog.records if "SIGUSR1" in r.getMessage()]
     assert said and "tasks of the main loop:" in said[0]

@@ -10,14 +10,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from neardup.config import EngineConfig
+from neardup.contract import parse_raw, validate
+from neardup.engine import Engine, Outcome
+from neardup.evaluate import score
+from neardup.records import Rejected
+from neardup.store import MemoryKV, RocksKV, open_state
 from tests.corpus import ARTICLES, HARD_A, HARD_B, line, raw_page
 from tests.gold import gold_stream
-from worker.config import EngineConfig
-from worker.contract import parse_raw, validate
-from worker.engine import Engine, Outcome
-from worker.evaluate import score
-from worker.records import Rejected
-from worker.store import MemoryKV, RocksKV, open_state
 
 CFG = EngineConfig()
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from neardup.extract import DEFAULT_EXTRACTOR, EXTRACTORS, _count_lt, extract, strip_noise
+from neardup.records import Decoded, Extracted, RawPage, Reason, Rejected
 from tests.corpus import in_a_process
-from worker.extract import DEFAULT_EXTRACTOR, EXTRACTORS, _count_lt, extract, strip_noise
-from worker.records import Decoded, Extracted, RawPage, Reason, Rejected
 
 GOLD = Path(__file__).resolve().parents[1] / "fixtures" / "gold" / "extraction"
 
@@ -432,7 +432,7 @@ def _gold_pages() -> list[dict[str, Any]]:
 
 
 def _gold_result(entry: dict[str, Any], extractor: str) -> Extracted | Rejected:
-    # Decoded with the known charset: this gate tests extraction, not worker/decode.py.
+    # Decoded with the known charset: this gate tests extraction, not neardup/decode.py.
     html = (GOLD / entry["file"]).read_bytes().decode(entry["charset"])
     return extract(
         decoded(html, entry["charset"], f"https://gold.example/{entry['file']}"), extractor

@@ -10,9 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.corpus import ARTICLES, HARD_A, HARD_B, in_a_process
-from worker.config import EngineConfig
-from worker.fingerprint import (
+from neardup.config import EngineConfig
+from neardup.fingerprint import (
     bottom_k,
     combine,
     content_words,
@@ -26,7 +25,8 @@ from worker.fingerprint import (
     resemblance,
     simhash_weighted,
 )
-from worker.normalise import normalise
+from neardup.normalise import normalise
+from tests.corpus import ARTICLES, HARD_A, HARD_B, in_a_process
 
 CFG = EngineConfig()
 
@@ -47,11 +47,11 @@ GOLDEN = {
 @pytest.fixture(params=["native", "python"])
 def fingerprint_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The golden values hold for both ways of computing fingerprints (``native/``)."""
-    import worker.fingerprint
+    import neardup.fingerprint
 
     if request.param == "python":
-        monkeypatch.setattr(worker.fingerprint, "native", lambda: None)
-    elif worker.fingerprint.native() is None:
+        monkeypatch.setattr(neardup.fingerprint, "native", lambda: None)
+    elif neardup.fingerprint.native() is None:
         pytest.skip("neardup-native is not installed, or NEARDUP_NATIVE=0")
     return str(request.param)
 
@@ -73,9 +73,9 @@ def _digest(data: bytes) -> str:
 def test_golden_period_strings_sketch_and_index_keys(fingerprint_path: str) -> None:
     # what the index stores beside the SimHash: the period-string postings, the 5-gram
     # sketch, the bucket and posting keys and a bucket's entry layout
-    from worker.fingerprint import Fingerprints
-    from worker.index import KVIndex, make_entry
-    from worker.store import MemoryKV
+    from neardup.fingerprint import Fingerprints
+    from neardup.index import KVIndex, make_entry
+    from neardup.store import MemoryKV
 
     f = fingerprint(normalise("\n".join(ARTICLES["rail"])), CFG)
     assert (len(f.strings), f.strings[0], f.words, f.shingles) == (7, 0x26BE0766B58D2967, 115, 274)
@@ -208,7 +208,7 @@ def test_fingerprints_do_not_depend_on_the_hash_seed() -> None:
 
 
 def test_without_template_rebuilds_strings_and_sketch() -> None:
-    from worker.fingerprint import bottom_k, char_shingles
+    from neardup.fingerprint import bottom_k, char_shingles
 
     body = "".join(ARTICLES["rail"])
     footer = "本网站所有内容均受版权保护未经授权不得转载。"
@@ -232,7 +232,7 @@ def test_lexicon_by_hash_is_the_dictionary_by_word() -> None:
     import importlib.util
     import os
 
-    from worker.fingerprint import _KEYWORD_POS, _hashes, _lexicon
+    from neardup.fingerprint import _KEYWORD_POS, _hashes, _lexicon
 
     spec = importlib.util.find_spec("jieba")
     assert spec is not None and spec.origin is not None
@@ -256,7 +256,7 @@ def test_lexicon_by_hash_is_the_dictionary_by_word() -> None:
     assert (keys[at] == _hashes(words)).all()
     assert weights[at].tolist() == list(by_word.values())
     # the lookup the keywords use: the same weights, and the median for other words
-    from worker.fingerprint import lexicon_weights
+    from neardup.fingerprint import lexicon_weights
 
     assert lexicon_weights(_hashes(words)).tolist() == list(by_word.values())
     others = [f"{w}呀呀" for w in words[:5000]] + ["", "neardup", "语"]
@@ -276,7 +276,7 @@ def test_lexicon_cache_round_trip_and_recovery(
 ) -> None:
     """The lexicon kept on disk is the one derived from jieba's tables; a missing or
     damaged copy is derived again and rewritten; no cache directory means no file."""
-    from worker import fingerprint as fp
+    from neardup import fingerprint as fp
 
     root = fp._jieba_root()
     tables = [Path(root, name).read_text(encoding="utf-8") for name in fp._LEXICON_FILES]
@@ -321,7 +321,7 @@ def test_char_classes_cache_round_trip_and_recovery(
     """The character classes kept on disk are the derived ones; a damaged copy (cut
     short, or a byte changed: the checksum) is derived again and rewritten; a cache that
     cannot be written costs only the derivation."""
-    from worker import fingerprint as fp
+    from neardup import fingerprint as fp
 
     derived = fp._derive_char_classes()
     monkeypatch.setenv("NEARDUP_CACHE_DIR", str(tmp_path / "cache"))
@@ -344,7 +344,7 @@ def test_char_classes_cache_round_trip_and_recovery(
 
 
 def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from worker.fingerprint import cache_dir
+    from neardup.fingerprint import cache_dir
 
     monkeypatch.delenv("NEARDUP_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", "/x/cache")

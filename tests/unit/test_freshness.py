@@ -1,4 +1,4 @@
-"""Local table partitions too old to catch up from their changelogs (``worker.kafka.freshness``)."""
+"""Local table partitions too old to catch up from their changelogs (``neardup.kafka.freshness``)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from faust.stores.rocksdb import Store
 from faust.types import TP
 from rocksdict import Options, Rdict
 
-from worker.kafka import faustfix, freshness
-from worker.kafka.app import Worker
-from worker.kafka.tablekv import Changelog
-from worker.kafka.topics import TopicNames, retention_of
-from worker.settings import Settings
+from neardup.kafka import faustfix, freshness
+from neardup.kafka.app import Worker
+from neardup.kafka.tablekv import Changelog
+from neardup.kafka.topics import TopicNames, retention_of
+from neardup.settings import Settings
 
 
 def _db(path: Path, n: int = 1) -> None:

@@ -22,17 +22,17 @@ from pathlib import Path
 
 import pytest
 
+from neardup import cli
+from neardup.config import EngineConfig
+from neardup.contract import parse_message, parse_raw, validate
+from neardup.decode import decode
+from neardup.engine import Analysed, Engine, Outcome, analyse, page_order
+from neardup.extract import EXTRACTORS, extract
+from neardup.records import Decoded, Extracted, RawMessage, RawPage, Reason, Rejected
+from neardup.sandbox import Sandbox
+from neardup.store import MemoryKV
 from tests.fuzz import inputs
 from tests.fuzz.inputs import b64_message, good_line, line, message, page_html
-from worker import cli
-from worker.config import EngineConfig
-from worker.contract import parse_message, parse_raw, validate
-from worker.decode import decode
-from worker.engine import Analysed, Engine, Outcome, analyse, page_order
-from worker.extract import EXTRACTORS, extract
-from worker.records import Decoded, Extracted, RawMessage, RawPage, Reason, Rejected
-from worker.sandbox import Sandbox
-from worker.store import MemoryKV
 
 CFG = EngineConfig()
 #: For pages that take seconds to analyse by design, where the test is about how they are
@@ -577,7 +577,7 @@ def test_sandbox_carries_any_string(rng: random.Random) -> None:
 def test_sandbox_frame_headers_carry_any_string_and_64_bit_numbers() -> None:
     """Frame headers go as orjson's JSON, or as json's ASCII escapes when a string holds
     a lone surrogate (orjson refuses those both ways): either reads back the same."""
-    from worker.sandbox import _frame, _split_frame
+    from neardup.sandbox import _frame, _split_frame
 
     for header in (
         {"url": "https://a.example.cn/新闻", "fp": 2**64 - 1, "s": [0.25, 1e-9], "n": None},
@@ -591,7 +591,7 @@ def test_sandbox_frame_hands_decode_the_body_utf8_only_when_it_is_utf8(
 ) -> None:
     """The worker passes a text body's payload on as its UTF-8 (decode then does not
     encode it again) only when the payload is exactly ``body.encode("utf-8")``."""
-    from worker.sandbox import _page_frame, _page_from, _split_frame
+    from neardup.sandbox import _page_frame, _page_from, _split_frame
 
     clean = _page(page_html(inputs.article(rng)), "clean")
     broken = _page(clean.body + "\ud800", "broken")
@@ -684,7 +684,7 @@ def test_sandbox_worker_gone_while_idle_is_replaced(rng: random.Random) -> None:
 def test_sandbox_worker_holds_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker reads hostile pages: it must not hold the broker password. (The zygote
     is started with its environment filtered, so a fresh one is needed here.)"""
-    from worker import sandbox as sandbox_module
+    from neardup import sandbox as sandbox_module
 
     monkeypatch.setenv("NEARDUP_SASL_PASSWORD", "hunter2-secret")
     sandbox_module._Shared.shutdown()
@@ -706,7 +706,7 @@ def test_sandbox_worker_follows_neardup_native(
 ) -> None:
     """NEARDUP_NATIVE=0 turns the native fingerprints off in the sandbox's worker too,
     which analyses every page: its zygote keeps the variable."""
-    from worker import sandbox as sandbox_module
+    from neardup import sandbox as sandbox_module
 
     monkeypatch.setenv("NEARDUP_NATIVE", "0")
     sandbox_module._Shared.shutdown()
@@ -825,7 +825,7 @@ def test_sandbox_stream_a_page_without_a_frame_fails_alone(
 ) -> None:
     """A page whose frame cannot be built (no memory for it) is rejected as internal; the
     stream goes on with the others."""
-    from worker import sandbox as sandbox_module
+    from neardup import sandbox as sandbox_module
 
     build = sandbox_module._page_frame
 
@@ -872,8 +872,8 @@ def test_sandbox_stream_read_late_still_takes_the_answers_waiting(rng: random.Ra
 def test_the_workers_batch_left_early_leaves_no_stale_answer(rng: random.Random) -> None:
     """The worker's batch (``analyse_messages``) closed halfway, as when the worker stops
     mid-batch: the sandbox's next page gets its own answer, not one written ahead."""
-    from worker.engine import Stats
-    from worker.kafka.stage import analyse_messages
+    from neardup.engine import Stats
+    from neardup.kafka.stage import analyse_messages
 
     raws = [good_line(rng, f"https://a.example.cn/p{i}") for i in range(8)]
     with Sandbox(CFG) as sandbox:
@@ -982,7 +982,7 @@ def test_sandbox_a_page_that_came_near_the_limit_retires_its_worker(
     """VmPeak covers the worker's whole life: a page that took most of the limit for a
     moment and gave it back must retire the worker, or a later failure would be blamed on
     that page's peak (reported as too_large) and retire it anyway (found by a review)."""
-    from worker import sandbox as sb
+    from neardup import sandbox as sb
 
     def fake(page: RawPage, cfg: EngineConfig, stats: object, utf8: object, job: str) -> object:
         if page.page_id == "big":  # 48 MiB for a moment: past the retiring share of 64
@@ -1067,8 +1067,8 @@ def test_the_analyse_stage_gives_the_same_with_and_without_sandbox(rng: random.R
     """The worker's analyse stage on raw-topic values: parsed and analysed in the
     sandbox's child, or parsed and analysed in this process, the same analyses and the
     same rejections."""
-    from worker.engine import Stats
-    from worker.kafka.stage import analyse_messages
+    from neardup.engine import Stats
+    from neardup.kafka.stage import analyse_messages
 
     raws: list[bytes | None] = [m.line for m in _raw_messages(rng)]
     raws.insert(2, None)  # a tombstone
@@ -1146,7 +1146,7 @@ def test_sandbox_a_message_the_worker_cannot_read_keeps_its_ids(
     parsed it): the parent names it, as after a timeout, or the dead letter is lost. The
     parent's parse threshold (``PARSE_BYTES_PER_BYTE``) keeps such a message from the
     worker today; it is turned off here to hand the worker one."""
-    from worker import sandbox as sb
+    from neardup import sandbox as sb
 
     monkeypatch.setattr(sb, "PARSE_BYTES_PER_BYTE", 0)
     cfg = CFG.with_overrides(extract_max_mb=64, max_bytes=80 << 20, extract_timeout_s=30.0)

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.config import EngineConfig
-from worker.fingerprint import Fingerprints
-from worker.index import KVIndex, bucket_keys, make_entry, table_masks
-from worker.store import KV, BufferedKV, MemoryKV, RocksKV, StateError, check_marker, open_state
+from neardup.config import EngineConfig
+from neardup.fingerprint import Fingerprints
+from neardup.index import KVIndex, bucket_keys, make_entry, table_masks
+from neardup.store import KV, BufferedKV, MemoryKV, RocksKV, StateError, check_marker, open_state
 
 CFG = EngineConfig()
 

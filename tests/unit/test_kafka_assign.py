@@ -1,4 +1,4 @@
-"""The assignor's weighing of the sequencer (``worker.kafka.assign``), on Faust's own
+"""The assignor's weighing of the sequencer (``neardup.kafka.assign``), on Faust's own
 assignment objects."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from faust.assignor.client_assignment import ClientAssignment
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.kafka.assign import lighten
+from neardup.kafka.assign import lighten
 
 RAW, PROBES, BUCKETS = "raw", "app-probes", "app-buckets-changelog"
 SEQ, STATE = "app-sequencer", "app-state-changelog"

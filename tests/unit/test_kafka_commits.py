@@ -1,4 +1,4 @@
-"""The worker's fixes of Faust's consumer (``worker.kafka.faustfix``): never commit a
+"""The worker's fixes of Faust's consumer (``neardup.kafka.faustfix``): never commit a
 message that no agent handled."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from intervaltree import IntervalTree
 
-from worker.kafka.faustfix import strict_commits
+from neardup.kafka.faustfix import strict_commits
 
 
 class _Consumer:
@@ -104,7 +104,7 @@ class _HeldStream:
 def test_a_batch_cancelled_halfway_stays_unacknowledged() -> None:
     """take_events acknowledges its batch in a ``finally`` even when the handler was
     cancelled; the extra reference keeps those messages from being committed."""
-    from worker.kafka.faustfix import acked_when_done
+    from neardup.kafka.faustfix import acked_when_done
 
     async def handled(events: list[Any]) -> None:
         await asyncio.sleep(0)
@@ -127,7 +127,7 @@ def test_a_batch_cancelled_halfway_stays_unacknowledged() -> None:
     assert [e.message.refcount for e in stopped] == [1, 1]  # still referenced, not committed
 
 
-# -- the other fixes of worker.kafka.faustfix ---------------------------------------------
+# -- the other fixes of neardup.kafka.faustfix ---------------------------------------------
 
 
 class _Topics:
@@ -164,7 +164,7 @@ def test_a_message_no_stream_took_is_never_acknowledged() -> None:
     committed it though no agent saw it (a lost page in the SIGKILL tests)."""
     from faust.transport.consumer import Consumer
 
-    from worker.kafka.faustfix import no_skipped_acks
+    from neardup.kafka.faustfix import no_skipped_acks
 
     no_skipped_acks()
     ack: Any = Consumer.ack
@@ -184,7 +184,7 @@ def test_faust_guessing_a_gap_is_not_taken_only_the_brokers_word() -> None:
     to 28 so): the guess is not taken. ``mark_absent`` (what the broker said) is."""
     from faust.transport.consumer import Consumer
 
-    from worker.kafka.faustfix import mark_absent
+    from neardup.kafka.faustfix import mark_absent
 
     strict_commits()
     add_gap: Any = Consumer._add_gap
@@ -213,7 +213,7 @@ def test_a_partition_held_back_by_a_message_no_stream_took_is_found() -> None:
     from faust.types import TP
     from intervaltree import IntervalTree
 
-    from worker.kafka.faustfix import AFTER, READ, UNREAD, stuck_partitions
+    from neardup.kafka.faustfix import AFTER, READ, UNREAD, stuck_partitions
 
     a, b, c, d, e, f, g, h, i, j = (TP(name, 0) for name in "abcdefghij")
 
@@ -269,7 +269,7 @@ def test_a_partition_held_back_by_a_message_no_stream_took_is_found() -> None:
 
 
 def test_a_page_says_below_which_offset_every_message_was_handled() -> None:
-    from worker.kafka.faustfix import handled_below
+    from neardup.kafka.faustfix import handled_below
 
     c = _Consumer(10, [10, 11, 12])
     assert handled_below(c, "tp", 13) == 13  # 10-12 acknowledged: nothing missing
@@ -288,7 +288,7 @@ def test_a_page_says_below_which_offset_every_message_was_handled() -> None:
 
 
 def test_runs_missing_are_the_offsets_with_no_message_up_to_the_stop() -> None:
-    from worker.kafka.absent import runs_missing
+    from neardup.kafka.absent import runs_missing
 
     assert runs_missing([10, 11, 13, 16], 10, 18) == [(12, 13), (14, 16), (17, 18)]
     assert runs_missing([], 5, 7) == [(5, 7)]  # markers only
@@ -296,11 +296,11 @@ def test_runs_missing_are_the_offsets_with_no_message_up_to_the_stop() -> None:
     assert runs_missing([7], 5, 8) == [(5, 7)]
 
 
-# -- the sequencer's partition in offset order (worker.kafka.inorder) ----------------------
+# -- the sequencer's partition in offset order (neardup.kafka.inorder) ----------------------
 
 
 def test_the_sequencer_takes_the_next_offset_only() -> None:
-    from worker.kafka.inorder import Order, in_order
+    from neardup.kafka.inorder import Order, in_order
 
     def none_absent(begin: int, end: int) -> bool:
         return False
@@ -319,7 +319,7 @@ def test_the_sequencer_takes_the_next_offset_only() -> None:
 
 
 def test_commits_pass_over_offsets_committed_or_known_absent_only() -> None:
-    from worker.kafka.faustfix import passed_over
+    from neardup.kafka.faustfix import passed_over
 
     class Consumer:
         def __init__(self, committed: int | None) -> None:
@@ -343,7 +343,7 @@ def test_commits_pass_over_offsets_committed_or_known_absent_only() -> None:
 
 
 def test_messages_left_to_be_read_again_are_neither_acknowledged_nor_waited_for() -> None:
-    from worker.kafka.faustfix import acked_when_done
+    from neardup.kafka.faustfix import acked_when_done
 
     events = [_HeldEvent(3), _HeldEvent(5), _HeldEvent(6)]
     stream = _HeldStream(events)

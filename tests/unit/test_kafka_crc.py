@@ -1,4 +1,4 @@
-"""``worker.kafka.crc``: fetched batches checked with google-crc32c first, aiokafka's own
+"""``neardup.kafka.crc``: fetched batches checked with google-crc32c first, aiokafka's own
 check kept for any partition where that check does not pass."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 from aiokafka.structs import TopicPartition
 
-from worker.kafka import crc
+from neardup.kafka import crc
 
 TP = TopicPartition("raw", 0)
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from worker.kafka.http import make_app, serve
-from worker.kafka.metrics import state_size
+from neardup.kafka.http import make_app, serve
+from neardup.kafka.metrics import state_size
 
 
 def test_health_readiness_metrics_and_nothing_else() -> None:

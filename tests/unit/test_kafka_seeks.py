@@ -16,7 +16,7 @@ import pytest
 from faust.transport.consumer import ThreadDelegateConsumer
 from faust.types import TP
 
-from worker.kafka import faustfix
+from neardup.kafka import faustfix
 
 RAW = TP("raw", 0)
 OTHER = TP("raw", 1)
@@ -149,7 +149,7 @@ def test_a_seek_asked_for_before_a_rebalance_or_of_a_partition_gone_is_not_made(
     loop.app.consumer_generation_id += 1  # a rebalance sought to the committed offsets
     faustfix.request_seek(loop, OTHER, 4)
     loop.assigned = {RAW}  # ... and took partition 1 away
-    with caplog.at_level(logging.INFO, logger="worker.kafka"):
+    with caplog.at_level(logging.INFO, logger="neardup.kafka"):
         asyncio.run(ThreadDelegateConsumer._getmany(loop, None, 1.0))  # type: ignore[arg-type]
     assert loop.events == ["fetch"]
     assert "no seek of raw[0] to 3" in caplog.text and "no seek of raw[1] to 4" in caplog.text
@@ -172,7 +172,7 @@ def test_a_seek_that_fails_is_logged_and_the_fetch_goes_on(
         await _Loop.seek(loop, tp, offset)
 
     loop.seek = seek  # type: ignore[method-assign]
-    with caplog.at_level(logging.INFO, logger="worker.kafka"):
+    with caplog.at_level(logging.INFO, logger="neardup.kafka"):
         asyncio.run(ThreadDelegateConsumer._getmany(loop, None, 1.0))  # type: ignore[arg-type]
     assert loop.events == ["seek 0 3", "fetch"]
     assert "no seek of raw[1] to 4: RuntimeError('not assigned')" in caplog.text

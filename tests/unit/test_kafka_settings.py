@@ -16,9 +16,9 @@ import pytest
 from pydantic import ValidationError
 from rocksdict import Options, Rdict, WriteBatch
 
-from worker.kafka import freshness, undo
-from worker.kafka.__main__ import RUNNING_MARKER, doubt_state, prepare_state, release_state
-from worker.kafka.security import (
+from neardup.kafka import freshness, undo
+from neardup.kafka.__main__ import RUNNING_MARKER, doubt_state, prepare_state, release_state
+from neardup.kafka.security import (
     REDACTED,
     aiokafka_kwargs,
     describe,
@@ -26,8 +26,8 @@ from worker.kafka.security import (
     install_log_redaction,
     secret_forms,
 )
-from worker.kafka.topics import TopicNames
-from worker.settings import Settings
+from neardup.kafka.topics import TopicNames
+from neardup.settings import Settings
 
 
 def test_sasl_ssl_reaches_the_clients_and_the_password_no_log(tmp_path: Path) -> None:
@@ -190,8 +190,8 @@ def test_the_sandbox_limits_come_from_the_environment(monkeypatch: pytest.Monkey
 
 
 def test_topics_the_worker_creates_take_its_largest_messages() -> None:
-    from worker.contract import max_line_bytes
-    from worker.kafka.topics import STATE_MAX_MESSAGE_BYTES, _configs
+    from neardup.contract import max_line_bytes
+    from neardup.kafka.topics import STATE_MAX_MESSAGE_BYTES, _configs
 
     settings = Settings(partitions=3)
     names = TopicNames.of(settings)
@@ -282,8 +282,8 @@ def test_topics_created_a_moment_ago_are_awaited_not_taken_for_the_wrong_size(
 
     import aiokafka.admin  # type: ignore[import-untyped]
 
-    from worker.kafka.topics import ensure_topics
-    from worker.settings import Settings
+    from neardup.kafka.topics import ensure_topics
+    from neardup.settings import Settings
 
     settings = Settings(partitions=2)
     names = TopicNames.of(settings)
@@ -326,7 +326,7 @@ def test_a_fatal_state_error_ends_the_worker_even_if_the_shutdown_hangs() -> Non
 
     hung = (
         "import logging, time\n"
-        "from worker.kafka.__main__ import exit_later\n"
+        "from neardup.kafka.__main__ import exit_later\n"
         "logging.basicConfig()\n"
         "exit_later(RuntimeError('fatal: cannot write the state'), 0.3)\n"
         "time.sleep(30)\n"  # a shutdown that never ends
@@ -350,7 +350,7 @@ def test_the_worker_help_touches_no_broker_and_no_state(tmp_path: Path) -> None:
         "NEARDUP_BROKERS": "127.0.0.1:1",  # nothing listens: a start would fail on it
     }
     done = subprocess.run(
-        [sys.executable, "-m", "worker.kafka", "worker", "--help"],
+        [sys.executable, "-m", "neardup.kafka", "worker", "--help"],
         capture_output=True, text=True, timeout=60, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -365,18 +365,18 @@ def _main_until_faust(
     argv: Sequence[str] = ("worker",),
     **env: str,
 ) -> None:
-    """``worker.kafka.__main__.main(argv)`` under ``env``, no broker touched, until Faust's
+    """``neardup.kafka.__main__.main(argv)`` under ``env``, no broker touched, until Faust's
     worker command would run: ``run_using_worker`` runs instead and ends it (SystemExit 0)."""
     import sys
 
     from faust.cli.base import Command
 
-    from worker.kafka import __main__ as entry
+    from neardup.kafka import __main__ as entry
 
     asyncio.set_event_loop_policy(None)
     monkeypatch.setattr(Command, "run_using_worker", run_using_worker)
     monkeypatch.setattr(entry, "create_topics", lambda settings: None)
-    monkeypatch.setattr(sys, "argv", ["worker.kafka"])
+    monkeypatch.setattr(sys, "argv", ["neardup.kafka"])
     monkeypatch.setenv("NEARDUP_STATE_DIR", str(tmp_path))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -414,7 +414,7 @@ def test_the_worker_logs_at_neardup_log_level(
 
 @pytest.fixture
 def restore_process() -> Iterator[None]:
-    """What ``worker.kafka.__main__.main`` changes for the whole process, put back as it
+    """What ``neardup.kafka.__main__.main`` changes for the whole process, put back as it
     was: the event loop policy (``use_event_loop``) and the loop mode keeps for the thread
     (Faust's app resolves one), the signals' handlers, mode's patched
     ``_schedule_shutdown`` (``arm_stop_deadline``) and ``tablekv``'s hooks."""
@@ -423,7 +423,7 @@ def restore_process() -> Iterator[None]:
     import mode.utils.loops
     from mode.worker import Worker as ModeWorker
 
-    from worker.kafka import tablekv
+    from neardup.kafka import tablekv
 
     policy = asyncio.get_event_loop_policy()
     handlers = {
@@ -454,7 +454,7 @@ def test_the_worker_runs_on_the_event_loop_neardup_event_loop_names(
     import mode.utils.loops
     from faust.cli.base import Command
 
-    from worker.kafka import app as worker_app
+    from neardup.kafka import app as worker_app
 
     made: list[Any] = []
     seen: list[str] = []
@@ -486,11 +486,11 @@ def test_the_signals_the_loop_handled_get_their_defaults_back_when_faust_returns
     import mode.utils.loops
     from faust.cli.base import Command
 
-    from worker.kafka import __main__ as entry
+    from neardup.kafka import __main__ as entry
 
     def run_using_worker(self: Command, *args: object, **kwargs: object) -> None:
         loop = mode.utils.loops.get_event_loop()
-        for sig in entry.LOOP_SIGNALS:  # as mode's worker and worker.kafka.dump do
+        for sig in entry.LOOP_SIGNALS:  # as mode's worker and neardup.kafka.dump do
             loop.add_signal_handler(sig, lambda: None)
 
         async def run() -> None:
@@ -543,7 +543,7 @@ def test_sasl_without_credentials_is_refused_at_start(
 def test_bad_settings_stop_the_worker_with_a_line_per_variable_and_no_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from worker.kafka import __main__ as entry
+    from neardup.kafka import __main__ as entry
 
     monkeypatch.setenv("NEARDUP_SASL_PASSWORD", "s3cret-pw-in-env")
     monkeypatch.setenv("NEARDUP_PARTITIONS", "abc")
@@ -580,7 +580,7 @@ def test_bad_settings_stop_the_worker_with_a_line_per_variable_and_no_traceback(
 
 
 def test_a_misspelt_variable_is_named_with_the_setting_it_is_closest_to() -> None:
-    from worker.settings import unknown_variables
+    from neardup.settings import unknown_variables
 
     environ = {
         "NEARDUP_BROKER": "kafka:9092",  # the setting is NEARDUP_BROKERS
@@ -603,7 +603,7 @@ def test_a_misspelt_variable_is_named_with_the_setting_it_is_closest_to() -> Non
 
 def test_every_variable_the_deployments_set_is_a_setting() -> None:
     """The chart's and compose's variables, as the worker would see them: no warning."""
-    from worker.settings import unknown_variables
+    from neardup.settings import unknown_variables
 
     root = Path(__file__).resolve().parents[2]
     deployments = [
@@ -620,11 +620,11 @@ def test_every_variable_the_deployments_set_is_a_setting() -> None:
 def test_no_variable_the_code_or_ci_reads_is_called_unknown() -> None:
     """A variable the engine reads (NEARDUP_NATIVE), or CI exports (NEARDUP_EXPECT_NATIVE),
     must not be reported as ignored: the warning would be false."""
-    from worker.settings import unknown_variables
+    from neardup.settings import unknown_variables
 
     root = Path(__file__).resolve().parents[2]
     sources = [
-        *(root / "worker").rglob("*.py"),
+        *(root / "neardup").rglob("*.py"),
         root / ".ci" / "run",
         *(root / "scripts").glob("*.sh"),
     ]

@@ -18,19 +18,19 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from neardup.config import EngineConfig
+from neardup.engine import Analysed, Engine, Stats, analyse
+from neardup.fingerprint import Fingerprints, piece_owners
+from neardup.index import ENTRY, make_entry
+from neardup.kafka import wire
+from neardup.kafka.journal import JOURNAL_KEY, JournalKV, decode_ops, encode_ops
+from neardup.kafka.sequence import Progress, Sequencer, key_bytes, key_from_bytes
+from neardup.kafka.stage import DecideStage, Emit, analyse_messages
+from neardup.kafka.tablekv import TableKV
+from neardup.records import RawPage, Reason, Rejected
+from neardup.store import BufferedKV, MemoryKV
 from tests.corpus import line
 from tests.gold import gold_stream
-from worker.config import EngineConfig
-from worker.engine import Analysed, Engine, Stats, analyse
-from worker.fingerprint import Fingerprints, piece_owners
-from worker.index import ENTRY, make_entry
-from worker.kafka import wire
-from worker.kafka.journal import JOURNAL_KEY, JournalKV, decode_ops, encode_ops
-from worker.kafka.sequence import Progress, Sequencer, key_bytes, key_from_bytes
-from worker.kafka.stage import DecideStage, Emit, analyse_messages
-from worker.kafka.tablekv import TableKV
-from worker.records import RawPage, Reason, Rejected
-from worker.store import BufferedKV, MemoryKV
 
 CFG = EngineConfig()
 
@@ -240,7 +240,7 @@ def test_a_page_held_back_a_minute_is_logged_with_the_partitions_that_hold_it(
     stage.arrived = 100.0
     stage.accept(wire.PageMsg(1, 0, 2, _analysed(gold_stream()[0][0])))
     marks = wire.MarksMsg(2, (wire.Mark(1, 1),), 100.5)  # partition 0 never heard from
-    with caplog.at_level(logging.WARNING, logger="worker.kafka.stage"):
+    with caplog.at_level(logging.WARNING, logger="neardup.kafka.stage"):
         stage.accept(marks)
         assert not caplog.records and stage.sequencer.blocking() == [0]
         now[0] = 161.0
@@ -689,7 +689,7 @@ def test_a_page_whose_decision_fails_is_dead_lettered_and_logged_with_its_offset
         raise KeyError("x")
 
     monkeypatch.setattr(stage.engine, "decide_analysed", broken)
-    with caplog.at_level(logging.ERROR, logger="worker.kafka.stage"):
+    with caplog.at_level(logging.ERROR, logger="neardup.kafka.stage"):
         out = stage.accept(wire.PageMsg(0, 0, 1, gold[0]))
         out += stage.accept(wire.MarksMsg(1, (wire.Mark(0, 1),)))
         out += stage.release(5)
@@ -719,7 +719,7 @@ def test_analyse_message_rejects_without_raising() -> None:
 
 def test_analyse_is_the_engines_analyse(gold: list[Analysed]) -> None:
     msg = gold_stream()[0][0]
-    from worker.contract import parse_raw
+    from neardup.contract import parse_raw
 
     page = parse_raw(line(msg), CFG.max_bytes)
     assert not isinstance(page, Rejected)
@@ -742,7 +742,7 @@ class RoutedSim:
         *,
         hold: bool = False,
     ) -> None:
-        from worker.kafka.route import RoutedStage
+        from neardup.kafka.route import RoutedStage
 
         self.rng = rng
         self.partitions = partitions
@@ -810,7 +810,7 @@ class RoutedSim:
         return True
 
     def _deliver(self, topic: str, p: int, raw: bytes) -> wire.SequenceMsg | None:
-        from worker.kafka.route import probe_store, records_store
+        from neardup.kafka.route import probe_store, records_store
 
         msg = wire.decode_route(raw)
         if isinstance(msg, wire.ProbeMsg):
@@ -847,7 +847,7 @@ def test_routed_topology_decides_like_the_engine(
 def test_pages_in_flight_are_stored_without_what_only_the_template_filter_reads(
     gold: list[Analysed],
 ) -> None:
-    from worker.kafka.route import _FLIGHT
+    from neardup.kafka.route import _FLIGHT
 
     sim = RoutedSim(2, random.Random(3))
     for i, a in enumerate(gold[:6]):  # the probes are never answered: they stay in flight
@@ -864,7 +864,7 @@ def test_pages_in_flight_are_stored_without_what_only_the_template_filter_reads(
 
 
 def test_a_probe_sent_again_answers_the_same_and_adds_once(gold: list[Analysed]) -> None:
-    from worker.kafka.route import probe_bucket
+    from neardup.kafka.route import probe_bucket
 
     index = DecideStage(ScanMemoryKV(), CFG).engine.index
     entries, seqs = None, None
@@ -909,8 +909,8 @@ def test_a_small_bucket_is_probed_as_numpy_probes_it(
     it, a full bucket, entries that expire."""
     from dataclasses import replace
 
-    from worker.index import KVIndex
-    from worker.kafka.route import _probe_filled, _probe_small
+    from neardup.index import KVIndex
+    from neardup.kafka.route import _probe_filled, _probe_small
 
     cfg = replace(CFG, bucket_cap=cap, retention_days=30 if retention else 0)
     index = KVIndex(MemoryKV(), cfg)
@@ -934,7 +934,7 @@ def test_a_small_bucket_is_probed_as_numpy_probes_it(
 def test_an_empty_bucket_answers_nothing_and_takes_the_entry(gold: list[Analysed]) -> None:
     """The empty bucket's shortcut (no numpy) answers as the general path does: nothing
     before the page, and the page's entry with its sequence number, if it is added."""
-    from worker.kafka.route import _probe_filled, probe_bucket
+    from neardup.kafka.route import _probe_filled, probe_bucket
 
     index = DecideStage(ScanMemoryKV(), CFG).engine.index
     a = gold[0]
@@ -953,7 +953,7 @@ def test_a_routing_step_writes_once_and_answers_as_one_by_one(gold: list[Analyse
     """``route_step`` over one event's probes (several pages into the same buckets, one
     sent twice), a sketch and a verification of it: the answers and the store are those of
     ``probe_store``/``records_store`` one message at a time, from one write to the store."""
-    from worker.kafka.route import probe_store, records_store, route_step
+    from neardup.kafka.route import probe_store, records_store, route_step
 
     index = DecideStage(ScanMemoryKV(), CFG).engine.index
     keys = (b"bucket-a", b"bucket-b")
@@ -990,7 +990,7 @@ def test_a_routing_step_writes_once_and_answers_as_one_by_one(gold: list[Analyse
 def test_a_buckets_value_holds_its_entries_and_their_numbers(
     rows: list[tuple[bytes, int]],
 ) -> None:
-    from worker.kafka.route import pack_bucket, unpack_bucket
+    from neardup.kafka.route import pack_bucket, unpack_bucket
 
     entries = b"".join(e for e, _ in rows)
     seqs = np.array([q for _, q in rows], dtype="<u8").tobytes()
@@ -1008,7 +1008,7 @@ def test_buckets_written_with_their_numbers_beside_them_are_read_and_rewritten(
     """A bucket written before its sequence numbers moved into its value keeps them under
     a key of its own: it answers as before, and the first probe that may add to it writes
     it in the new layout and deletes that key, in the same step."""
-    from worker.kafka.route import _SEQS, pack_bucket, probe_store, unpack_bucket
+    from neardup.kafka.route import _SEQS, pack_bucket, probe_store, unpack_bucket
 
     index = DecideStage(ScanMemoryKV(), CFG).engine.index
     keys = (b"bucket-a", b"bucket-b", b"bucket-c")
@@ -1218,7 +1218,7 @@ def test_a_new_owner_sends_again_the_decisions_of_messages_not_committed(
     once for the message's steps); a stage that resumes from offset X sends again every
     decision made at X or after, and drops the keys below X. Keys of the layout before
     (one a decision) are read as well."""
-    from worker.kafka.stage import _OUTBOX
+    from neardup.kafka.stage import _OUTBOX
 
     kv = ScanMemoryKV()
     stage = DecideStage(kv, CFG, hold=True)
@@ -1346,9 +1346,9 @@ def test_a_next_sequence_number_behind_the_pages_in_flight_stops_the_sequencer(
     (the rebalance bug fixed in ``Worker._on_revoked``) could leave the stored next
     sequence number behind pages still in flight: a page released next took the number
     of one in flight, which was then never decided. That is refused, loudly, now."""
-    from worker.kafka.journal import JOURNAL_KEY
-    from worker.kafka.route import _NEXT_SEQ
-    from worker.kafka.tablekv import StateInconsistentError
+    from neardup.kafka.journal import JOURNAL_KEY
+    from neardup.kafka.route import _NEXT_SEQ
+    from neardup.kafka.tablekv import StateInconsistentError
 
     sim = RoutedSim(1, random.Random(7))
     msgs = [wire.PageMsg(0, i, 1, a) for i, a in enumerate(gold[:8])]

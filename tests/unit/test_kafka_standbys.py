@@ -1,4 +1,4 @@
-"""Standby replicas and restores written in bulk (``worker.kafka.faustfix.bulk_standbys``):
+"""Standby replicas and restores written in bulk (``neardup.kafka.faustfix.bulk_standbys``):
 the same records Faust's recovery would apply, in the same order, and nothing else."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 from faust.stores.rocksdb import Store
 from faust.types import TP
 
-from worker.kafka import faustfix
-from worker.kafka.faustfix import take_changelogs
+from neardup.kafka import faustfix
+from neardup.kafka.faustfix import take_changelogs
 
 STANDBY, OTHER, ACTIVE = TP("t-changelog", 0), TP("t-changelog", 1), TP("t-changelog", 2)
 ACTIVE2 = TP("t-changelog", 3)

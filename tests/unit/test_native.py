@@ -14,12 +14,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from neardup import fingerprint as fpmod
+from neardup.config import EngineConfig
+from neardup.fingerprint import char_classes, fingerprint, fingerprint_python, native
+from neardup.lexicon import STOPWORDS, SYNONYMS
+from neardup.normalise import normalise
 from tests.corpus import ARTICLES, HARD_A, HARD_B
-from worker import fingerprint as fpmod
-from worker.config import EngineConfig
-from worker.fingerprint import char_classes, fingerprint, fingerprint_python, native
-from worker.lexicon import STOPWORDS, SYNONYMS
-from worker.normalise import normalise
 
 CFG = EngineConfig()
 

@@ -1,4 +1,4 @@
-"""worker.produce without a broker: line reading, producer arguments, the command end to end
+"""neardup.produce without a broker: line reading, producer arguments, the command end to end
 against a stand-in producer."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import certifi
 import pytest
 from aiokafka.errors import KafkaError
 
-from worker import produce
-from worker.produce import InputError, Line, check_inputs, iter_lines, message_key
-from worker.settings import Settings
+from neardup import produce
+from neardup.produce import InputError, Line, check_inputs, iter_lines, message_key
+from neardup.settings import Settings
 
 SECRET = "s3cret-Пароль-do-not-print"
 PAGE = {

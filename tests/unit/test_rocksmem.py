@@ -1,4 +1,4 @@
-"""``worker.kafka.rocksmem``: every RocksDB database Faust opens for the worker's tables
+"""``neardup.kafka.rocksmem``: every RocksDB database Faust opens for the worker's tables
 shares one bounded block cache, their memtables charged to it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from faust.stores.rocksdb import RocksDBOptions
 
-from worker.kafka import rocksmem
+from neardup.kafka import rocksmem
 
 MIB = 1 << 20
 

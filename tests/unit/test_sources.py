@@ -22,9 +22,9 @@ import pytest
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from worker.contract import derive_page_id, max_line_bytes
-from worker.records import RawPage, Reason, Rejected
-from worker.sources import iter_pages
+from neardup.contract import derive_page_id, max_line_bytes
+from neardup.records import RawPage, Reason, Rejected
+from neardup.sources import iter_pages
 
 LIMIT = 20_000
 HTML = (
@@ -958,7 +958,7 @@ def test_empty_file(tmp_path: Path) -> None:
 
 
 def _gzip_lines(opener: Any, path: Path) -> list[Any]:
-    from worker.sources import STREAM_ERRORS
+    from neardup.sources import STREAM_ERRORS
 
     out: list[Any] = []
     try:
@@ -971,9 +971,9 @@ def _gzip_lines(opener: Any, path: Path) -> list[Any]:
 
 
 def test_isal_inflater_gives_what_gzip_gives(tmp_path: Path) -> None:
-    """JSONL gzip is inflated with ISA-L (worker.sources._Inflater): the same lines as
+    """JSONL gzip is inflated with ISA-L (neardup.sources._Inflater): the same lines as
     gzip.GzipFile, and the same failure, for members, padding, garbage and truncation."""
-    from worker.sources import open_input
+    from neardup.sources import open_input
 
     def _gunzipped(path: Path) -> io.BufferedReader:
         stream, head = open_input(str(path))

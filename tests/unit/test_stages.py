@@ -12,14 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.cluster import Clusters, PageKey
-from worker.config import EngineConfig
-from worker.decide import Candidate, Kind, candidates, matches
-from worker.fingerprint import Fingerprints, bottom_k
-from worker.index import ENTRY, Lookup
-from worker.normalise import normalise, normalise_many
-from worker.store import BufferedKV, MemoryKV
-from worker.template import TemplateFilter
+from neardup.cluster import Clusters, PageKey
+from neardup.config import EngineConfig
+from neardup.decide import Candidate, Kind, candidates, matches
+from neardup.fingerprint import Fingerprints, bottom_k
+from neardup.index import ENTRY, Lookup
+from neardup.normalise import normalise, normalise_many
+from neardup.store import BufferedKV, MemoryKV
+from neardup.template import TemplateFilter
 
 CFG = EngineConfig()
 
@@ -47,7 +47,7 @@ def test_normalise_ignores_a_t2s_json_in_the_working_directory(
 ) -> None:
     """OpenCC("t2s") would read ./t2s.json before its own: a file there must not change
     the conversion (nor any fingerprint)."""
-    from worker import normalise as module
+    from neardup import normalise as module
 
     (tmp_path / "t2s.json").write_text('{"name": "not t2s", "conversion_chain": []}')
     monkeypatch.chdir(tmp_path)
@@ -128,8 +128,8 @@ def test_template_strings_are_learnt_from_prose_outside_the_main_text() -> None:
 
 
 def test_prose_strings_are_normalised_like_the_main_text() -> None:
-    from worker.engine import prose_strings
-    from worker.fingerprint import fingerprint
+    from neardup.engine import prose_strings
+    from neardup.fingerprint import fingerprint
 
     main = "市气象台今天发布寒潮蓝色预警。"
     trad = ("市氣象台今天發布寒潮藍色預警。", "其他段落，與正文無關。")

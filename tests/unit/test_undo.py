@@ -1,4 +1,4 @@
-"""``worker.kafka.undo``: after a crash at any point, undoing what the changelog may lack
+"""``neardup.kafka.undo``: after a crash at any point, undoing what the changelog may lack
 and replaying the changelog from the floor leaves a table partition exactly as the
 changelog has it (what a full restore gives)."""
 
@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rocksdict import Options, Rdict, WriteBatch
 
-from worker.kafka import rocksmem, tablekv, undo
-from worker.kafka.tablekv import Changelog
+from neardup.kafka import rocksmem, tablekv, undo
+from neardup.kafka.tablekv import Changelog
 
 Record = tuple[bytes, bytes | None]
 
@@ -406,7 +406,7 @@ def test_no_offset_is_committed_while_changelog_records_may_be_lost() -> None:
     from faust.transport.consumer import ThreadDelegateConsumer
     from faust.transport.drivers.aiokafka import Consumer
 
-    from worker.kafka import faustfix
+    from neardup.kafka import faustfix
 
     faustfix.guard_commits()
     assert getattr(Consumer._commit, "neardup_fix", False)  # what the worker's consumer runs
@@ -462,7 +462,7 @@ def test_the_log_replayed_by_the_undo_pass_is_flushed_with_a_bloom_filter(
     (tables / "state-0.db").mkdir(parents=True)
     script = (
         "import os, sys\n"
-        "from worker.kafka import rocksmem\n"
+        "from neardup.kafka import rocksmem\n"
         "db = rocksmem.open_outside(sys.argv[1])\n"
         "for i in range(2000):\n"
         "    db[i.to_bytes(4, 'big')] = b'v' * 20\n"

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from intervaltree import IntervalTree
 
-from worker.kafka import app as app_module
-from worker.kafka import faustfix
-from worker.kafka.app import GAP_CHECK_S, STUCK_S, Worker
-from worker.kafka.inorder import Hole
+from neardup.kafka import app as app_module
+from neardup.kafka import faustfix
+from neardup.kafka.app import GAP_CHECK_S, STUCK_S, Worker
+from neardup.kafka.inorder import Hole
 
 
 class FakeConsumer:
@@ -172,7 +172,7 @@ def test_a_sequencer_message_left_past_a_hole_has_it_read_again_however_busy_the
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The real ``stuck_partitions``: the sequencer left the message at 43 for being past
-    the hole at 40 (``worker.kafka.inorder``), and the topic's streams are never idle.
+    the hole at 40 (``neardup.kafka.inorder``), and the topic's streams are never idle.
     After ``GAP_CHECK_S`` and one question (up to the left message only) the partition
     is read again from 40; the hole stays until a message is taken, so a reading whose
     copy never comes is tried again after ``STUCK_S``."""

@@ -1,0 +1,109 @@
+"""The decision rule: a pure function of a page's fingerprints and what the index found.
+
+Candidates come from the two SimHash indexes (the dual-threshold rule: D1 <= k1, or
+k1 < D1 <= k2 and D2 <= k1) and from the period-string index (CCS >= ccs_min). Each is then
+verified on character 5-grams, estimated from bottom-k sketches:
+
+* duplicate: resemblance J >= jaccard_min, or J >= jaccard_simhash for a SimHash candidate;
+* otherwise, when the smaller page's 5-grams are >= containment_min inside the other:
+  contained (this page is the smaller), contains (the earlier page is), or duplicate
+  when the two are of similar size.
+
+The verification is what keeps formulaic texts apart (different events told in the same
+stock phrases share most sentence endings, so CCS alone merges them).
+
+Every verified candidate is an edge for the clusters; the page named in the decision is a
+SimHash duplicate first (smallest D1), then the largest similarity, then the earliest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from neardup.config import EngineConfig
+from neardup.fingerprint import Fingerprints, resemblance
+from neardup.index import Lookup
+
+
+class Kind(StrEnum):
+    UNIQUE = "unique"
+    DUPLICATE = "duplicate"
+    CONTAINED = "contained"
+    CONTAINS = "contains"
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    pid: int
+    kind: Kind
+    distance: int  # Hamming distance of the primary fingerprints
+    similarity: float  # 5-gram resemblance for duplicates, containment for containment
+    order: int
+    by_simhash: bool  # found by the SimHash rule, else by period strings
+
+    def sort_key(self) -> tuple[bool, int, float, int, int]:
+        simhash_dup = self.by_simhash and self.kind is Kind.DUPLICATE
+        return (not simhash_dup, self.distance, -self.similarity, self.order, self.pid)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """An earlier page worth verifying, with what the index knows of it."""
+
+    pid: int
+    d1: int  # Hamming distance of the primary fingerprints
+    d2: int  # ... of the secondary fingerprints
+    ccs: float  # shared period strings / the smaller page's strings
+    order: int
+    by_simhash: bool  # passes the dual-threshold SimHash rule
+
+
+def candidates(
+    fps: Fingerprints, found: Lookup, cfg: EngineConfig, self_pid: int
+) -> dict[int, Candidate]:
+    """Earlier pages worth verifying: SimHash neighbours and period-string matches."""
+    n_self = len(fps.strings)
+    ccs_of = {
+        int(e["pid"]): float(shared) / max(1, min(n_self, int(e["n"])))
+        for e, shared in zip(found.shared, found.shared_counts, strict=True)
+    }
+    out: dict[int, Candidate] = {}
+    tagged = [(e, True) for e in found.near] + [(e, False) for e in found.shared]
+    for e, by_simhash in tagged:
+        pid = int(e["pid"])
+        if pid == self_pid or pid in out:
+            continue
+        ccs = ccs_of.get(pid, 0.0)
+        if by_simhash or ccs >= cfg.ccs_min:
+            d1 = (int(e["fp1"]) ^ fps.fp1).bit_count()
+            d2 = (int(e["fp2"]) ^ fps.fp2).bit_count()
+            out[pid] = Candidate(pid, d1, d2, ccs, int(e["order"]), by_simhash)
+    return out
+
+
+def matches(
+    fps: Fingerprints,
+    cands: dict[int, Candidate],
+    sketches: dict[int, tuple[int, bytes]],
+    cfg: EngineConfig,
+) -> list[Match]:
+    """The verified candidates, as matches, best first."""
+    out: list[Match] = []
+    for pid, cand in cands.items():
+        d1, order, by_simhash = cand.d1, cand.order, cand.by_simhash
+        if pid not in sketches:
+            continue  # dropped by retention between the lookup and now
+        n_other, sketch = sketches[pid]
+        jac, cont = resemblance(fps.sketch, fps.shingles, sketch, n_other, cfg.sketch_size)
+        if jac >= (cfg.jaccard_simhash if by_simhash else cfg.jaccard_min):
+            out.append(Match(pid, Kind.DUPLICATE, d1, jac, order, by_simhash))
+        elif cont >= cfg.containment_min and cand.ccs >= cfg.ccs_contain:
+            if fps.shingles <= cfg.contain_ratio * n_other:
+                kind = Kind.CONTAINED
+            elif n_other <= cfg.contain_ratio * fps.shingles:
+                kind = Kind.CONTAINS
+            else:
+                kind = Kind.DUPLICATE
+            out.append(Match(pid, kind, d1, cont, order, by_simhash))
+    return sorted(out, key=Match.sort_key)

@@ -1,0 +1,255 @@
+"""Worker settings: one frozen object read from NEARDUP_* environment variables.
+
+Every field's variable is ``NEARDUP_`` + its name in upper case (``NEARDUP_BROKERS``...).
+Engine parameters are ``NEARDUP_ENGINE__<FIELD>`` (e.g. ``NEARDUP_ENGINE__K1=3``). The Helm
+chart's values map one to one onto these variables. Secrets are ``SecretStr``: their
+values never appear in ``repr``, logs or metrics.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ssl
+import sys
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from neardup.config import EngineConfig
+
+_DEFAULT = EngineConfig()
+
+
+class EngineSettings(BaseModel):
+    """Engine parameters that may be set from the environment (see ``EngineConfig``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    extractor: str = _DEFAULT.extractor
+    k1: int = _DEFAULT.k1
+    k2: int = _DEFAULT.k2
+    blocks: int = _DEFAULT.blocks
+    bucket_cap: int = _DEFAULT.bucket_cap
+    retention_days: int = _DEFAULT.retention_days
+    template_hosts: int = _DEFAULT.template_hosts
+    max_bytes: int = _DEFAULT.max_bytes
+    max_text_chars: int = _DEFAULT.max_text_chars
+    extract_timeout_s: float = _DEFAULT.extract_timeout_s
+    extract_max_mb: int = _DEFAULT.extract_max_mb
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EngineSettings:
+        # EngineConfig's own checks (k1 <= k2, a known extractor ...), at start-up, as a
+        # settings error naming the variables rather than a traceback from the engine
+        self.config()
+        return self
+
+    def config(self) -> EngineConfig:
+        return EngineConfig(**self.model_dump())
+
+
+class Settings(BaseSettings):
+    """Everything the worker reads at start-up, validated once."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="NEARDUP_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    #: Kafka bootstrap servers, comma-separated host:port (NEARDUP_BROKERS).
+    brokers: str = "127.0.0.1:19092"
+    #: Faust application id: consumer group and prefix of internal topics (NEARDUP_APP_ID).
+    app_id: str = "neardup"
+    #: Topics (NEARDUP_TOPIC_RAW, ..._DECISIONS, ..._MERGES, ..._REJECTS).
+    topic_raw: str = "neardup.raw-pages"
+    topic_decisions: str = "neardup.decisions"
+    topic_merges: str = "neardup.cluster-merges"
+    topic_rejects: str = "neardup.rejected-pages"
+    #: Partitions of the topics the worker creates (NEARDUP_PARTITIONS).
+    partitions: int = Field(default=6, ge=1, le=1024)
+    #: Replication factor of the topics the worker creates (NEARDUP_REPLICATION).
+    replication: int = Field(default=1, ge=1)
+    #: RocksDB state directory (NEARDUP_STATE_DIR).
+    state_dir: str = "/var/lib/neardup"
+    #: at_least_once or exactly_once (NEARDUP_PROCESSING_GUARANTEE). The Kafka worker
+    #: runs at_least_once with idempotent outputs and refuses exactly_once: Faust's
+    #: transactions only cover outputs co-partitioned with the input (see neardup/kafka).
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    #: How often the worker commits consumed offsets (NEARDUP_COMMIT_INTERVAL_MS); an idle
+    #: raw partition holds back the sequencer until its offset is committed.
+    commit_interval_ms: int = Field(default=1000, ge=50, le=60_000)
+    #: How often each worker reports its drained raw partitions (NEARDUP_MARK_INTERVAL_MS).
+    mark_interval_ms: int = Field(default=500, ge=50, le=60_000)
+    #: How long a page waits, at most, for a drain mark made after it reached the
+    #: sequencer from each idle raw partition before the partition's last mark is taken
+    #: for it (NEARDUP_ORDER_WAIT_MS; 0: wait as long as it takes). A worker that died
+    #: sends no marks until its partitions have a new owner; this bounds the stall.
+    order_wait_ms: int = Field(default=60_000, ge=0, le=86_400_000)
+    #: Messages in the sequencer topic not yet committed by the sequencer above which
+    #: the worker that runs it stops reading raw pages, until they are down to half
+    #: (NEARDUP_MAX_BACKLOG; 0: never). It puts the pages already analysed before new
+    #: ones when the broker or a quota is the bottleneck.
+    max_backlog: int = Field(default=2000, ge=0, le=10_000_000)
+    #: What the sequencer weighs, in raw partitions' worth of work per raw partition
+    #: (NEARDUP_SEQUENCER_WEIGHT): its CPU a page against the rest of a page's CPU on a
+    #: worker. The worker that runs it is given fewer raw partitions, as long as that
+    #: evens the load (``neardup.kafka.assign``); 0 deals them out evenly.
+    sequencer_weight: float = Field(default=0.4, ge=0, le=100)
+    #: Memory for the RocksDB databases of all the worker's table partitions together,
+    #: in MiB (NEARDUP_ROCKSDB_MEMORY_MB): one block cache, the memtables charged to it
+    #: (``neardup.kafka.rocksmem``), in place of Faust's defaults, which give each
+    #: partition's database a 2 GiB cache and 192 MiB of memtables of its own.
+    rocksdb_memory_mb: int = Field(default=256, ge=16, le=1_048_576)
+    #: Standby replicas of the state tables on other workers (NEARDUP_STANDBY_REPLICAS).
+    standby_replicas: int = Field(default=1, ge=0, le=8)
+    #: routed: the index is partitioned by bucket over NEARDUP_PARTITIONS partitions of
+    #: internal topics; sequential: the whole index sits with the sequencer
+    #: (NEARDUP_TOPOLOGY). Both decide exactly as ``neardup dedup`` does.
+    topology: Literal["routed", "sequential"] = "routed"
+    #: Static group membership (NEARDUP_GROUP_INSTANCE_ID), e.g. the pod's name: a worker
+    #: restarted under the same id takes its partitions back without waiting for its old
+    #: session to time out. Unset: dynamic membership. Never share one between two workers.
+    group_instance_id: str | None = None
+    #: A worker that stops heartbeating leaves its group after this long, and its
+    #: partitions move (NEARDUP_SESSION_TIMEOUT_MS).
+    session_timeout_ms: int = Field(default=10_000, ge=6_000, le=300_000)
+    #: Seconds a stop (SIGTERM, SIGINT) may take before the worker exits anyway, status 1
+    #: (NEARDUP_STOP_GRACE_S): Faust's shutdown waits for the broker without end, so a
+    #: worker told to stop while the broker is away would otherwise run until SIGKILL.
+    #: Keep it under the orchestrator's own grace (the chart's 60 s).
+    stop_grace_s: float = Field(default=45.0, ge=1, le=3600)
+    #: Metrics and health endpoint (NEARDUP_HTTP_HOST, NEARDUP_HTTP_PORT).
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=8080, ge=0, le=65535)
+    #: Broker security: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (NEARDUP_SECURITY_PROTOCOL).
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    #: SASL mechanism and credentials (NEARDUP_SASL_MECHANISM, _USERNAME, _PASSWORD); a
+    #: SASL protocol needs both user name and password.
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_username: str | None = Field(default=None, validate_default=True)
+    sasl_password: SecretStr | None = Field(default=None, validate_default=True)
+    #: CA bundle for TLS (NEARDUP_SSL_CAFILE).
+    ssl_cafile: str | None = None
+    #: Log level (NEARDUP_LOG_LEVEL).
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    #: The event loops of the worker and of Faust's consumer thread
+    #: (NEARDUP_EVENT_LOOP): uvloop (libuv; its policy, which mode's ``mode.loop.use``
+    #: sets too), or asyncio's own loop. uvloop takes less CPU a page (README, Figures,
+    #: Worker). Faust's ``--loop`` and FAUST_LOOP, given, override it.
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    #: Engine parameters (NEARDUP_ENGINE__K1, ...).
+    engine: EngineSettings = EngineSettings()
+
+    @field_validator("brokers")
+    @classmethod
+    def _brokers(cls, value: str) -> str:
+        hosts = [h.strip() for h in value.split(",") if h.strip()]
+        if not hosts or any(":" not in h for h in hosts):
+            raise ValueError("NEARDUP_BROKERS must be host:port[,host:port...]")
+        return ",".join(hosts)
+
+    @field_validator("sasl_username", "sasl_password")
+    @classmethod
+    def _sasl_credentials(
+        cls, value: str | SecretStr | None, info: ValidationInfo
+    ) -> str | SecretStr | None:
+        # Refused here rather than by a model validator: pydantic's error would print the
+        # whole input, password included. This one's input is empty, so shows nothing.
+        protocol = str(info.data.get("security_protocol", ""))
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if protocol.startswith("SASL_") and not text:
+            variable = f"NEARDUP_{info.field_name or ''}".upper()
+            raise ValueError(f"NEARDUP_SECURITY_PROTOCOL={protocol} needs {variable}")
+        return value
+
+    @field_validator("ssl_cafile")
+    @classmethod
+    def _ca_bundle(cls, value: str | None) -> str | None:
+        # read once here, so that a missing or unreadable bundle is a settings error at
+        # start rather than a traceback when the first client connects
+        if value:
+            try:
+                ssl.create_default_context(purpose=ssl.Purpose.SERVER_AUTH, cafile=value)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"cannot read a CA bundle: {exc}") from exc
+        return value
+
+    def engine_config(self) -> EngineConfig:
+        return self.engine.config()
+
+
+#: Settings whose values are never shown, not even in an error about them.
+_SECRET_FIELDS = frozenset({"sasl_password"})
+
+
+def settings_problem(exc: ValidationError | SettingsError) -> str:
+    """What is wrong with the settings, a line per problem, naming each variable: pydantic's
+    own text is a paragraph per error with a documentation link. A secret's value is never
+    shown; any other value is, shortened. (A SettingsError, a variable that is not the JSON
+    a nested setting such as NEARDUP_ENGINE needs, names the field and never the value.)"""
+    if isinstance(exc, SettingsError):
+        return f"bad settings:\n  {exc}"
+    lines = []
+    for err in exc.errors():
+        loc = [str(part) for part in err["loc"]]
+        # the engine's own checks concern several of its variables at once
+        variable = "NEARDUP_" + "__".join(loc).upper() if loc else "NEARDUP_*"
+        if loc == ["engine"]:
+            variable = "NEARDUP_ENGINE__*"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        shown = ""
+        if loc and loc[0] not in _SECRET_FIELDS and isinstance(err.get("input"), str | int | float):
+            value = repr(err["input"])
+            shown = f" (got {value[:80]}{'...' if len(value) > 80 else ''})"
+        lines.append(f"{variable}: {msg}{shown}")
+    return "bad settings:\n  " + "\n  ".join(lines)
+
+
+def read_settings(command: str, **overrides: object) -> Settings | None:
+    """The settings from the environment (and ``overrides``), or None after saying on
+    standard error, as ``command``, what is wrong with them (``settings_problem``)."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except (ValidationError, SettingsError) as exc:
+        print(f"{command}: {settings_problem(exc)}", file=sys.stderr)
+        return None
+
+
+#: NEARDUP_* variables that other parts of the project read: the lexicon cache and the
+#: native fingerprint stage's switch (``neardup.fingerprint``), CI's demand for that stage
+#: (``.ci/run``), scripts/get-helm.sh's, the fault tests' seed, and every NEARDUP_KAFKA_*
+#: of scripts/kafka-local.sh. Not settings, and not typos of one.
+OTHER_VARIABLES = ("NEARDUP_CACHE_DIR", "NEARDUP_NATIVE", "NEARDUP_EXPECT_NATIVE",
+                   "NEARDUP_TOOLS", "NEARDUP_HELM_VERSION", "NEARDUP_FAULT_SEED")  # fmt: skip
+OTHER_PREFIXES = ("NEARDUP_KAFKA_",)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each NEARDUP_* variable in ``environ`` that no setting reads, naming
+    the setting it is closest to: a misspelt one is otherwise ignored without a word, and
+    the worker runs on the default. (A misspelt NEARDUP_ENGINE__* is refused at start.)"""
+    known = {f"NEARDUP_{name.upper()}" for name in Settings.model_fields}
+    names = sorted(known | set(OTHER_VARIABLES))
+    out = []
+    for var in sorted(environ):
+        name = var.upper()  # the settings read their variables in any case
+        if (
+            not name.startswith("NEARDUP_")
+            or name in names
+            or name.startswith(("NEARDUP_ENGINE__", *OTHER_PREFIXES))
+        ):
+            continue
+        near = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        out.append(f"{var} is set but is not a setting of the worker: ignored{hint}")
+    return out
