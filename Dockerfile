@@ -4,36 +4,38 @@
 # selectolax, lxml, aiokafka, faust-streaming) ships a manylinux wheel whose only system
 # libraries (libc, libstdc++, libgcc_s, zlib) are already in the slim image, and jieba is
 # pure Python; so neither of the last two stages installs apt packages or a compiler.
-# The first builds neardup's own Rust module (native/) into a wheel, on the same Debian
-# release, with Debian's Python 3.11 (the wheel is abi3, for CPython >= 3.11).
+# The first builds neardup's wheel with its Rust module (native/) inside, on the same
+# Debian release, with Debian's Python 3.11 (the module is abi3, for CPython >= 3.11).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG RUST_IMAGE=rust:1-slim-bookworm
 
-FROM ${RUST_IMAGE} AS native
+FROM ${RUST_IMAGE} AS wheel
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/wheel
 WORKDIR /src
-COPY native/Cargo.toml native/Cargo.lock native/pyproject.toml ./native/
+# README.md is the package's readme in pyproject.toml: hatchling will not build without it.
+COPY pyproject.toml README.md hatch_build.py ./
+COPY schemas ./schemas
+COPY neardup ./neardup
+COPY native/Cargo.toml native/Cargo.lock ./native/
 COPY native/src ./native/src
-# pip builds it with maturin (native/pyproject.toml), fetched from PyPI, and the crates
-# pinned by native/Cargo.lock, fetched from crates.io
-RUN /opt/wheel/bin/pip wheel --no-cache-dir ./native -w /wheels
+# pip builds it with hatchling, fetched from PyPI, whose build hook (hatch_build.py) runs
+# cargo on native/ with the crates pinned by native/Cargo.lock, fetched from crates.io.
+# NEARDUP_EXPECT_NATIVE=1: a wheel without the module fails the build instead.
+RUN NEARDUP_EXPECT_NATIVE=1 /opt/wheel/bin/pip wheel --no-cache-dir --no-deps . -w /wheels
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/neardup
 WORKDIR /src
-# README.md is the package's readme in pyproject.toml: hatchling will not build without it.
 # requirements.lock: the versions the tests ran with and scripts/audit.sh audited.
-COPY pyproject.toml README.md requirements.lock ./
-COPY schemas ./schemas
-COPY neardup ./neardup
-COPY --from=native /wheels /wheels
-RUN /opt/neardup/bin/pip install ".[kafka]" /wheels/*.whl -c requirements.lock \
+COPY requirements.lock ./
+COPY --from=wheel /wheels /wheels
+RUN /opt/neardup/bin/pip install "$(ls /wheels/neardup-*.whl)[kafka]" -c requirements.lock \
     && /opt/neardup/bin/python -c "import neardup.settings, neardup.produce, rocksdict, rjieba" \
-    && /opt/neardup/bin/python -c "from neardup.fingerprint import native; assert native()"
+    && /opt/neardup/bin/python -c "import neardup; assert neardup.fingerprint_path() == 'native'"
 
 FROM ${PYTHON_IMAGE}
 # A fixed numeric uid lets Kubernetes check runAsNonRoot without looking inside the image.

@@ -470,8 +470,9 @@ impl Fingerprinter {
 /// uses a module only of the format it was written against.
 const FORMAT: u32 = 1;
 
+/// Imported as `neardup._native`: hatch_build.py puts it inside the `neardup` package.
 #[pymodule]
-fn neardup_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FORMAT", FORMAT)?;
     m.add_class::<Fingerprinter>()?;
     Ok(())

@@ -104,8 +104,10 @@ def test_compose_worker_is_wired_to_its_settings(
 
 
 def test_dockerfile_sets_only_settings_variables() -> None:
-    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
-    names = set(re.findall(r"\b(NEARDUP_[A-Z0-9_]+)=", text))
+    """The worker's environment (ENV); a RUN line's variables are the build's own."""
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8").replace("\\\n", " ")
+    env = " ".join(line for line in text.splitlines() if line.startswith("ENV "))
+    names = set(re.findall(r"\b(NEARDUP_[A-Z0-9_]+)=", env))
     assert names, "the Dockerfile sets NEARDUP_HTTP_HOST and NEARDUP_STATE_DIR"
     assert names <= settings_env_names(), sorted(names - settings_env_names())
 
@@ -178,6 +180,18 @@ def test_the_build_context_holds_what_the_dockerfile_copies() -> None:
     assert "requirements.lock" in copied
     assert sorted(set(copied) - allowed) == []
     assert all((ROOT / path).exists() for path in copied)
+
+
+def test_the_image_installs_one_wheel_built_with_the_native_module() -> None:
+    """The wheel stage builds neardup itself, its build hook compiling native/ or failing
+    (NEARDUP_EXPECT_NATIVE=1), and the image checks the native path is the one taken."""
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8").replace("\\\n", " ")
+    (wheel,) = [line for line in text.splitlines() if " wheel " in line and "pip" in line]
+    assert "NEARDUP_EXPECT_NATIVE=1" in wheel
+    assert wheel.split()[-3:] == [".", "-w", "/wheels"]  # the project, not native/ alone
+    copied = " ".join(line for line in text.splitlines() if line.startswith("COPY "))
+    assert "hatch_build.py" in copied and "native/src" in copied
+    assert "fingerprint_path() == 'native'" in text
 
 
 def _names_a_log_level(command: list[str]) -> bool:

@@ -1,7 +1,7 @@
 """The native fingerprinter (``native/``) against the Python path: the same values, always.
 
-Skipped where neardup-native is not installed (a machine without Rust), except where
-``NEARDUP_EXPECT_NATIVE=1`` (CI): there a missing module fails the run, so the fast
+Skipped where ``neardup._native`` was not built (neardup installed without Rust), except
+where ``NEARDUP_EXPECT_NATIVE=1`` (CI): there a missing module fails the run, so the fast
 path is the one tested.
 """
 
@@ -26,10 +26,10 @@ CFG = EngineConfig()
 if native() is None:
     if os.environ.get("NEARDUP_EXPECT_NATIVE") == "1":
         raise RuntimeError(
-            "NEARDUP_EXPECT_NATIVE=1 but neardup-native is not installed (scripts/setup.sh "
-            "builds it where cargo is on PATH)"
+            "NEARDUP_EXPECT_NATIVE=1 but neardup._native is not built (installing neardup "
+            "builds it where cargo is on PATH: scripts/setup.sh)"
         )
-    pytest.skip("neardup-native is not installed, or NEARDUP_NATIVE=0", allow_module_level=True)
+    pytest.skip("neardup._native is not built, or NEARDUP_NATIVE=0", allow_module_level=True)
 
 NATIVE = native()
 
@@ -106,9 +106,9 @@ def test_period_len_zero_takes_the_whole_piece_as_python_slicing_does() -> None:
 
 
 def test_a_module_of_another_format_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    import neardup_native
+    from neardup import _native
 
-    monkeypatch.setattr(neardup_native, "FORMAT", fpmod.NATIVE_FORMAT + 1)
+    monkeypatch.setattr(_native, "FORMAT", fpmod.NATIVE_FORMAT + 1)
     fpmod.native.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="format"):
