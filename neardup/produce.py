@@ -285,7 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         asyncio.run(produce(lines, topic, kwargs, tally))
     except Exception as exc:  # connection or authentication failure: say it once, plainly
-        _warn(f"cannot produce to {describe(settings)}: {why_failed(settings, exc)}")
+        _warn(
+            f"cannot produce to NEARDUP_BROKERS={describe(settings)}: {why_failed(settings, exc)}"
+        )
         tally.failed += 1
     print(
         f"sent {tally.sent} messages to {topic} at {settings.brokers}"

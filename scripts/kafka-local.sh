@@ -11,11 +11,14 @@
 #   start          fetch if needed, write config, format storage, start the broker
 #                  in the background and wait (deadline) until it serves metadata and
 #                  has group + transaction coordinators; prints
-#                  KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:<port>. No-op if already running.
+#                  NEARDUP_BROKERS=127.0.0.1:<port> (what the worker reads) and
+#                  KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:<port> (what the integration tests
+#                  read). No-op if already running.
 #   stop [--keep]  SIGTERM (up to 60 s, then SIGKILL); removes the run dir unless --keep
 #   status         exit 0 if the broker is running, 1 otherwise
-#   env            print `export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:<port>` (and, in
-#                  secured mode, the SASL listeners' variables below)
+#   env            print `export NEARDUP_BROKERS=127.0.0.1:<port>` and `export
+#                  KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:<port>` (and, in secured mode, the
+#                  SASL listeners' variables below): eval "$(bash scripts/kafka-local.sh env)"
 #
 # Environment:
 #   NEARDUP_KAFKA_VERSION     Kafka release to use (default: 4.1.1)
@@ -56,8 +59,8 @@
 # a keystore, KAFKA_SASL_SSL_SERVERS=127.0.0.1:<port>.
 #
 # Example:
-#   eval "$(scripts/kafka-local.sh start | sed 's/^/export /')"
-#   ... run tests against $KAFKA_BOOTSTRAP_SERVERS ...
+#   scripts/kafka-local.sh start && eval "$(scripts/kafka-local.sh env)"
+#   ... run the worker (it reads $NEARDUP_BROKERS), or tests against $KAFKA_BOOTSTRAP_SERVERS ...
 #   scripts/kafka-local.sh stop
 set -euo pipefail
 
@@ -227,6 +230,9 @@ extra_ports() {
 }
 
 print_servers() {
+    # NEARDUP_BROKERS is what the worker and the project's tools read; the test suite and
+    # the benchmarks read KAFKA_BOOTSTRAP_SERVERS
+    echo "NEARDUP_BROKERS=$HOST:$PORT"
     echo "KAFKA_BOOTSTRAP_SERVERS=$HOST:$PORT"
     if secure; then
         echo "KAFKA_SASL_PLAINTEXT_SERVERS=$HOST:$SASL_PORT"

@@ -9,12 +9,15 @@ RocksDB what never reached the changelog: those writes are undone from their und
 is the state every other worker would see; so are those of a flush whose records did
 not all reach the broker. A worker that stopped because its local tables were in doubt
 (a failed local write, an inconsistency found) leaves a mark, and its tables are
-discarded and restored from the changelogs whole.
+discarded and restored from the changelogs whole. So are tables built on topics that no
+longer exist, a cluster since replaced or changelogs deleted and made again
+(``neardup.kafka.identity``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -22,12 +25,14 @@ import shutil
 import signal
 import sys
 import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from neardup.kafka import freshness, undo
+from neardup.kafka import freshness, identity, timerlog, undo
 from neardup.kafka.security import connection_problem, describe, install_log_redaction
 from neardup.kafka.topics import ensure_topics_sync, tombstone_retention_ms
+from neardup.kafka.usage import help_text
 from neardup.settings import Settings, read_settings, unknown_variables
 
 if TYPE_CHECKING:  # the app imports Faust, which must come after ``use_event_loop``
@@ -55,13 +60,7 @@ def prepare_state(state_dir: str, tabledir: str, max_age_s: float | None = None)
     unclean = marker.exists()
     # killed under a build without undo records: nothing says what its tables lack
     doubt = discard.exists() or (unclean and not (Path(state_dir) / UNDO_MARKER).exists())
-    if unclean and (owner := _live_owner(marker)) is not None:
-        # never discard the tables of a worker that is running on them
-        raise SystemExit(
-            f"neardup worker: fatal: the state directory {state_dir} is in use by another "
-            f"worker (pid {owner}). Give each worker a state directory of its own "
-            "(NEARDUP_STATE_DIR)."
-        )
+    refuse_if_in_use(state_dir)
     if doubt and os.path.isdir(tabledir):
         log.warning(
             "the previous worker on %s did not stop cleanly, and its local tables were in "
@@ -91,6 +90,18 @@ def prepare_state(state_dir: str, tabledir: str, max_age_s: float | None = None)
     return unclean
 
 
+def refuse_if_in_use(state_dir: str) -> None:
+    """Exit, saying so, if another live worker runs on ``state_dir``: its tables must
+    never be discarded or rewritten under it."""
+    marker = Path(state_dir) / RUNNING_MARKER
+    if marker.exists() and (owner := _live_owner(marker)) is not None:
+        raise SystemExit(
+            f"neardup worker: fatal: the state directory {state_dir} is in use by another "
+            f"worker (pid {owner}). Give each worker a state directory of its own "
+            "(NEARDUP_STATE_DIR)."
+        )
+
+
 def _live_owner(marker: Path) -> int | None:
     """The pid in ``marker`` if it is another live worker process (a marker left by a
     killed worker may name a pid since reused by anything else)."""
@@ -107,6 +118,14 @@ def fatal_message(exc: BaseException, state_dir: str) -> str:
     text = str(exc)
     if text.startswith("fatal:"):  # neardup.kafka.tablekv.StateWriteError says it all
         return text
+    if type(exc).__name__ == "ConsistencyError":  # Faust's: a table ahead of its changelog
+        first = " ".join(text.split()).split(". Most likely")[0]
+        return (
+            f"fatal: a local table under {state_dir} has applied more of its changelog than "
+            f"the changelog holds ({first}): its topics were deleted or the broker's data "
+            "lost since. The local tables are discarded and rebuilt from the changelog "
+            "topics at the next start: start the worker again"
+        )
     if "IO error" in text and "lock" in text.lower():
         return (
             f"fatal: a RocksDB table under {state_dir} is locked by another process "
@@ -130,30 +149,55 @@ def doubt_state(state_dir: str) -> None:
     (Path(state_dir) / DISCARD_MARKER).write_text("local tables in doubt\n")
 
 
-def create_topics(settings: Settings) -> None:
-    """Create the worker's missing topics and read how long the changelogs keep
-    deletions (``freshness.MAX_AGE_S``); a broker that cannot be reached (a wrong
-    password, an untrusted certificate) or does not answer ends the worker with a
-    message naming the cause."""
+@contextlib.contextmanager
+def broker_errors(settings: Settings) -> Iterator[None]:
+    """A broker that cannot be reached, or does not answer, ends the worker with one line
+    naming the variable read, its value and the cause, instead of a traceback."""
     from aiokafka.errors import (  # type: ignore[import-untyped]
         KafkaConnectionError,
         KafkaError,
     )
 
     try:
-        ensure_topics_sync(settings)
-        # no guess if the brokers do not say: a guess could trust stale tables
-        retention_ms = asyncio.run(tombstone_retention_ms(settings))
+        yield
     except KafkaConnectionError:
         problem = asyncio.run(connection_problem(settings))
         raise SystemExit(
-            f"neardup worker: cannot connect to the brokers, {describe(settings)}: {problem}"
+            f"neardup worker: cannot connect to the brokers, NEARDUP_BROKERS="
+            f"{describe(settings)}: {problem}{brokers_hint(os.environ)}"
         ) from None
     except KafkaError as exc:  # a timeout, say
         raise SystemExit(
-            f"neardup worker: the brokers did not answer the worker's topic requests, "
-            f"{describe(settings)}: {type(exc).__name__}: {exc}"
+            f"neardup worker: the brokers did not answer the worker's requests, "
+            f"NEARDUP_BROKERS={describe(settings)}: {type(exc).__name__}: {exc}"
+            f"{brokers_hint(os.environ)}"
         ) from None
+
+
+def brokers_hint(environ: Mapping[str, str]) -> str:
+    """What to add to an error about the brokers the worker tried: that NEARDUP_BROKERS,
+    the one variable it reads, is unset; that KAFKA_BOOTSTRAP_SERVERS (the test suite's
+    variable) names others."""
+    given = next((environ[k] for k in environ if k.upper() == "NEARDUP_BROKERS"), None)
+    out = "" if given is not None else ". NEARDUP_BROKERS is unset: the default was tried"
+    other = environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if other and other != given:
+        out += (
+            f". KAFKA_BOOTSTRAP_SERVERS={other} is set, but the worker reads NEARDUP_BROKERS "
+            'only: `eval "$(bash scripts/kafka-local.sh env)"` sets both'
+        )
+    return out
+
+
+def create_topics(settings: Settings) -> None:
+    """Create the worker's missing topics and read how long the changelogs keep
+    deletions (``freshness.MAX_AGE_S``); a broker that cannot be reached (a wrong
+    password, an untrusted certificate) or does not answer ends the worker with a
+    message naming the cause."""
+    with broker_errors(settings):
+        ensure_topics_sync(settings)
+        # no guess if the brokers do not say: a guess could trust stale tables
+        retention_ms = asyncio.run(tombstone_retention_ms(settings))
     freshness.MAX_AGE_S = freshness.max_age_s(retention_ms)
     log.info(
         "the changelogs keep deletions for %.1f hours: local tables last caught up more "
@@ -260,8 +304,64 @@ def with_log_level(argv: list[str], log_level: str) -> list[str]:
     return ["--loglevel", FAUST_LOGLEVELS[log_level], *argv]
 
 
+def ready_state(settings: Settings, worker: Worker) -> bool:
+    """Before Faust starts: what a fatal or doubtful table write does, the topics, and the
+    local tables checked against the brokers' topics and against how the previous run
+    stopped. False after saying why the worker cannot start."""
+    from neardup.kafka import tablekv
+
+    armed: list[threading.Timer] = []
+
+    def on_fatal(error: BaseException) -> None:
+        if not armed:  # once: each failing write raises it again
+            armed.append(exit_later(error))
+
+    tablekv.on_fatal = on_fatal
+    # at once, not at the end: a kill that follows must not leave the tables trusted
+    tablekv.on_doubt = functools.partial(doubt_state, settings.state_dir)
+    create_topics(settings)
+    tabledir = str(worker.app.conf.tabledir)
+    try:
+        refuse_if_in_use(settings.state_dir)
+        with broker_errors(settings):
+            identity.rebuild_if_stale(settings, tabledir)
+        prepare_state(settings.state_dir, tabledir)
+    except Exception as exc:  # a table locked by another process, an unreadable one
+        # undone or not at all: a table whose undo records were skipped would keep
+        # writes its changelog may lack
+        log.critical("%s", fatal_message(exc, settings.state_dir))
+        return False
+    return True
+
+
+#: Faust's options before the command that take a value.
+_VALUE_OPTIONS = frozenset(("-l", "--loglevel", "-f", "--logfile", "-L", "--loop", "-D",
+                            "--datadir", "-W", "--workdir", "-A", "--app", "--console-port",
+                            "--blocking-timeout"))  # fmt: skip
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The command in Faust's command line (``--loop aio worker``: worker), or None."""
+    skip = False
+    for arg in argv:
+        if skip or arg in _VALUE_OPTIONS:
+            skip = not skip
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    command = command_of(argv)
+    # the worker's own help, not Faust's, whose defaults the worker overrides; before the
+    # settings are read, so that it is shown whatever they are
+    if command in (None, "worker") and {"-h", "--help"} & set(argv):
+        print(help_text(os.environ))
+        return 0
+    if command is None and "--version" not in argv:
+        print(help_text(os.environ), file=sys.stderr)
+        return 2
     # A file size limit (RLIMIT_FSIZE) would kill the worker with SIGXFSZ at the first
     # write past it, with no word said; ignored, the write fails (EFBIG) as on a full
     # disk, and the worker stops with a message saying so.
@@ -279,28 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     from neardup.kafka.app import Worker
 
     worker = Worker(settings)
-    # help is only printed: no topics created, no state touched
-    if argv[:1] == ["worker"] and not {"-h", "--help"} & set(argv):
-        from neardup.kafka import tablekv
-
-        armed: list[threading.Timer] = []
-
-        def on_fatal(error: BaseException) -> None:
-            if not armed:  # once: each failing write raises it again
-                armed.append(exit_later(error))
-
-        tablekv.on_fatal = on_fatal
-        # at once, not at the end: a kill that follows must not leave the tables trusted
-        tablekv.on_doubt = functools.partial(doubt_state, settings.state_dir)
-        create_topics(settings)
-        try:
-            prepare_state(settings.state_dir, str(worker.app.conf.tabledir))
-        except Exception as exc:  # a table locked by another process, an unreadable one
-            # undone or not at all: a table whose undo records were skipped would keep
-            # writes its changelog may lack
-            log.critical("%s", fatal_message(exc, settings.state_dir))
+    if command == "worker":
+        if not ready_state(settings, worker):
             return 1
         arm_stop_deadline(settings.stop_grace_s)
+        timerlog.explain_overlaps()
         if not {"--with-web", "--without-web"} & set(argv):
             # Faust's own web server would bind 0.0.0.0:6066; ours is neardup.kafka.http
             argv = [*argv, "--without-web"]
@@ -311,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
             # a crash: mode re-raises its reason, then exits 1 from within that except
             if exc.code not in (0, None):
                 reason = exc.__context__ or exc
+                if type(reason).__name__ == "ConsistencyError":
+                    doubt_state(settings.state_dir)  # so that the next start rebuilds them
                 log.critical("%s", fatal_message(reason, settings.state_dir))
             raise
         finally:

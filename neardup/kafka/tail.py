@@ -124,11 +124,17 @@ def run(settings: Settings, topic: str, idle_s: float) -> int:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (so the exit flush is quiet)
         return EXIT_OK
     except NoSuchTopicError:
-        print(f"neardup-tail: no topic {topic!r} at {describe(settings)}", file=sys.stderr)
+        print(
+            f"neardup-tail: no topic {topic!r} at NEARDUP_BROKERS={describe(settings)}",
+            file=sys.stderr,
+        )
         return EXIT_FATAL
     except Exception as exc:  # connection or authentication failure: say it once, plainly
         why = why_failed(settings, exc)
-        print(f"neardup-tail: cannot read from {describe(settings)}: {why}", file=sys.stderr)
+        print(
+            f"neardup-tail: cannot read from NEARDUP_BROKERS={describe(settings)}: {why}",
+            file=sys.stderr,
+        )
         return EXIT_FATAL
     print(f"{printed} messages from {topic}", file=sys.stderr)
     return EXIT_OK

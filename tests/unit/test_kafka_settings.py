@@ -339,7 +339,7 @@ def test_a_fatal_state_error_ends_the_worker_even_if_the_shutdown_hangs() -> Non
 
 
 def test_the_worker_help_touches_no_broker_and_no_state(tmp_path: Path) -> None:
-    """``worker --help`` prints Faust's options and stops: it must not create topics
+    """``worker --help`` prints the worker's help and stops: it must not create topics
     (a broker that answers would get them) nor prepare the state directory."""
     import subprocess
     import sys
@@ -354,7 +354,7 @@ def test_the_worker_help_touches_no_broker_and_no_state(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "--without-web" in done.stdout and "cannot connect" not in done.stderr
+    assert "NEARDUP_STATE_DIR=" in done.stdout and "cannot connect" not in done.stderr
     assert not (tmp_path / "state" / RUNNING_MARKER).exists()
 
 
@@ -363,10 +363,12 @@ def _main_until_faust(
     tmp_path: Path,
     run_using_worker: Callable[..., None],
     argv: Sequence[str] = ("worker",),
+    code: int = 0,
     **env: str,
 ) -> None:
     """``neardup.kafka.__main__.main(argv)`` under ``env``, no broker touched, until Faust's
-    worker command would run: ``run_using_worker`` runs instead and ends it (SystemExit 0)."""
+    worker command would run: ``run_using_worker`` runs instead and ends it (SystemExit
+    ``code``)."""
     import sys
 
     from faust.cli.base import Command
@@ -376,13 +378,14 @@ def _main_until_faust(
     asyncio.set_event_loop_policy(None)
     monkeypatch.setattr(Command, "run_using_worker", run_using_worker)
     monkeypatch.setattr(entry, "create_topics", lambda settings: None)
+    monkeypatch.setattr(entry.identity, "rebuild_if_stale", lambda settings, tabledir: None)
     monkeypatch.setattr(sys, "argv", ["neardup.kafka"])
     monkeypatch.setenv("NEARDUP_STATE_DIR", str(tmp_path))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(SystemExit) as stopped:
         entry.main(list(argv))
-    assert stopped.value.code in (0, None)
+    assert (stopped.value.code or 0) == code
 
 
 @pytest.mark.parametrize(
@@ -410,6 +413,30 @@ def test_the_worker_logs_at_neardup_log_level(
 
     _main_until_faust(monkeypatch, tmp_path, run_using_worker, argv, NEARDUP_LOG_LEVEL=level)
     assert seen == [faust_level]
+
+
+@pytest.mark.usefixtures("restore_logging", "restore_process")
+def test_a_consistency_error_has_the_next_start_rebuild_the_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Should Faust still find a table ahead of its changelog, the worker exits 1 saying so,
+    and its next start discards the tables instead of meeting the same error again."""
+    from faust.cli.base import Command
+    from faust.exceptions import ConsistencyError
+
+    def run_using_worker(self: Command, *args: object, **kwargs: object) -> None:
+        try:  # as mode does: the crash's reason, then exit 1 from within its except
+            raise ConsistencyError("changelog partition TP(x) is higher (9 > -1).")
+        except ConsistencyError:
+            raise SystemExit(1) from None
+
+    tables = tmp_path / "v1" / "tables"
+    tables.mkdir(parents=True)
+    with caplog.at_level(logging.CRITICAL, "neardup.kafka"):
+        _main_until_faust(monkeypatch, tmp_path, run_using_worker, code=1)
+    assert any("rebuilt from the changelog" in r.getMessage() for r in caplog.records)
+    prepare_state(str(tmp_path), str(tables))
+    assert not tables.exists()
 
 
 @pytest.fixture

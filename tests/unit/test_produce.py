@@ -256,7 +256,7 @@ def test_main_reports_an_unreachable_broker(
     path = _lines_file(tmp_path, b'{"url": "a"}\n')
     assert produce.main([path, "--brokers", "down:9092", "--topic", "t"]) == produce.EXIT_FATAL
     out, err = capsys.readouterr()
-    assert "cannot produce to down:9092" in err and SECRET not in out + err
+    assert "cannot produce to NEARDUP_BROKERS=down:9092" in err and SECRET not in out + err
 
 
 def test_main_too_large_exit_status(
