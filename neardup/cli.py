@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from typing import IO, Any
 
-from neardup import __version__
+from neardup.about import VersionAction
 from neardup.config import EXTRACTORS, EngineConfig
 from neardup.records import Extracted, Rejected
 from neardup.store import RocksKV, StateError, open_state
@@ -102,15 +102,6 @@ def _write(out: _Out | None, obj: dict[str, Any]) -> None:
         out.write(obj)
 
 
-def _progress(total: int | None) -> Any:
-    """A tqdm bar with pages/s on a terminal, else nothing (a summary is printed at the end)."""
-    if not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="page", file=sys.stderr, smoothing=0.1)
-
-
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -122,7 +113,12 @@ def _positive_int(text: str) -> int:
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:
+    from neardup import progress
+    from neardup.decide import Kind
     from neardup.engine import STAGES, Engine
+    from neardup.progress import Bar
+    from neardup.reading import Reading
+    from neardup.resume import Resume
     from neardup.sources import iter_pages
 
     cfg = config_from_sets(args.set, args.extractor)
@@ -132,10 +128,18 @@ def cmd_dedup(args: argparse.Namespace) -> int:
         print(f"neardup: {exc}", file=sys.stderr)
         return EXIT_FATAL
     engine = Engine(kv, cfg)
-    seen: dict[str, str] = {}
-    rejected = 0
+    seen: dict[str, str] = {}  # page id -> URL, for --clusters
+    reading = Reading()
+    bar = Bar(args.pages, reading, show=not args.quiet)
+    resume: Resume | None = None
+
+    def tick() -> None:
+        bar.tick(engine.stats.pages + (resume.skipped if resume else 0))
+
+    if args.state is not None:
+        resume = Resume(engine, seen, tick)
+    pages = iter_pages(args.pages, cfg.max_bytes, skip=resume, reading=reading)
     t0 = time.perf_counter()
-    bar = _progress(None)
     try:
         with (
             _open_out(args.out) as out,
@@ -143,56 +147,70 @@ def cmd_dedup(args: argparse.Namespace) -> int:
             _open_out(args.rejects) as rejects,
             _open_out(args.clusters) as clusters,  # opened now: a bad path fails first
         ):
-            for result in engine.process_many(iter_pages(args.pages, cfg.max_bytes)):
+            for result in engine.process_many(pages):
                 if isinstance(result, Rejected):
-                    rejected += 1
                     _write(rejects, result.to_json())
                 else:
                     _write(out, result.decision)
                     seen[result.decision["page_id"]] = result.decision["url"]
                     for merge in result.merges:
                         _write(merges, merge.to_json())
-                if bar is not None:
-                    bar.update(1)
-            if bar is not None:
-                bar.close()
-                bar = None
+                tick()
+            bar.close()
             elapsed = time.perf_counter() - t0
             if clusters is not None:
                 for page_id, url in seen.items():
                     cluster = engine.cluster_of(page_id)
                     clusters.write({"page_id": page_id, "url": url, "cluster_id": cluster})
     finally:  # also on an interrupt or an output error: the state closes whole
-        if bar is not None:
-            bar.close()
+        bar.close()
         engine.close()
     st = engine.stats
-    if not args.quiet:
-        staged = sum(st.seconds[s] for s in STAGES) or 1.0
-        shares = ", ".join(f"{s} {st.seconds[s] / staged:.0%}" for s in STAGES)
-        capped = ", ".join(f"{part} {n}" for part, n in engine.index.capped.items())
-        evicted = engine.templates.hosts_evicted
-        print(
-            f"neardup: {st.pages} pages in {elapsed:.1f} s ({st.pages / max(elapsed, 1e-9):.1f}"
-            f" pages/s); decisions {dict(st.decisions)}; repeated {st.repeated}; merges "
-            f"{st.merges}; rejected {dict(st.rejects)}; page ids reused for other content "
-            f"{st.conflicts}\nneardup: index entries not added, bucket full: {capped}; "
-            f"hosts whose template counts the host bound dropped: {evicted}"
-            f"\nneardup: time by stage: {shares}",
-            file=sys.stderr,
-        )
-    return EXIT_REJECTED if rejected else EXIT_OK
+    stats = progress.dedup_stats(
+        seconds=elapsed,
+        decisions=st.decisions,
+        kinds=[str(k) for k in Kind],
+        skipped=resume.skipped if resume else 0,
+        repeated=st.repeated,
+        conflicts=st.conflicts,
+        merges=st.merges,
+        rejects=st.rejects,
+        index_capped=engine.index.capped,
+        template_hosts_evicted=engine.templates.hosts_evicted,
+        stage_seconds={s: st.seconds[s] for s in STAGES},
+    )
+    _report(args, stats, progress.dedup_text(stats, args.rejects))
+    return EXIT_REJECTED if stats["rejected"] else EXIT_OK
+
+
+def _report(args: argparse.Namespace, stats: dict[str, Any], text: list[str]) -> None:
+    from neardup import progress
+
+    try:
+        progress.report(stats, text, args.rejects, quiet=args.quiet, stats_path=args.stats)
+    except OSError as exc:
+        raise OutputError(args.stats, exc) from exc
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from neardup import progress
     from neardup.engine import extract_page
+    from neardup.progress import Bar
+    from neardup.reading import Reading
     from neardup.sandbox import Sandbox
     from neardup.sources import iter_pages
 
     cfg = config_from_sets(args.set, args.extractor)
-    items = iter_pages(args.pages, cfg.max_bytes)
-    rejected = 0
+    reading = Reading()
+    items = iter_pages(args.pages, cfg.max_bytes, reading=reading)
+    bar = Bar(args.pages, reading, show=not args.quiet)
+    rejects_by: Counter[str] = Counter()
+    extracted = 0
+    t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
+        stack.callback(bar.close)
         if cfg.extract_timeout_s > 0:
             # the engine's sandbox, with its limits: a hostile page is rejected (timeout,
             # too_large) instead of stalling the run or taking it down
@@ -205,13 +223,18 @@ def cmd_extract(args: argparse.Namespace) -> int:
         rejects = stack.enter_context(_open_out(args.rejects))
         for _, result in results:
             if isinstance(result, Rejected):
-                rejected += 1
+                rejects_by[str(result.reason)] += 1
                 _write(rejects, result.to_json())
-                continue
-            page = result.page
-            head = {"page_id": page.page_id, "url": page.url, "title": result.title}
-            _write(out, {**head, "text": result.text})
-    return EXIT_REJECTED if rejected else EXIT_OK
+            else:
+                extracted += 1
+                page = result.page
+                head = {"page_id": page.page_id, "url": page.url, "title": result.title}
+                _write(out, {**head, "text": result.text})
+            bar.tick(extracted + rejects_by.total())
+    elapsed = time.perf_counter() - t0
+    stats = progress.extract_stats(seconds=elapsed, extracted=extracted, rejects=rejects_by)
+    _report(args, stats, progress.extract_text(stats, args.rejects))
+    return EXIT_REJECTED if stats["rejected"] else EXIT_OK
 
 
 def _add_set(parser: argparse.ArgumentParser, example: str) -> None:
@@ -223,7 +246,7 @@ def _add_set(parser: argparse.ArgumentParser, example: str) -> None:
         default=[],
         metavar="NAME=VALUE",
         help=f"an engine parameter, repeatable, e.g. --set {example}; NAME (default) is one "
-        f"of: {names}. The README's engine table says what each does",
+        f"of: {names}. docs/settings.md says what each does",
     )
 
 
@@ -233,6 +256,34 @@ def _add_extractor(parser: argparse.ArgumentParser) -> None:
         choices=sorted(EXTRACTORS),
         help=f"main-text extractor (default: {EngineConfig().extractor}; fast is another name for "
         "density; trafilatura is the slow reference). The same as --set extractor=NAME",
+    )
+
+
+DEDUP_STATS = (
+    "command ('dedup'), pages (read), seconds, pages_per_second, decided, decisions (count "
+    "by kind), skipped (decided by an earlier run with --state), repeated (ids that came "
+    "again in this run), conflicts (of those, with other content), merges, rejected, "
+    "rejects (count by reason), index_capped, template_hosts_evicted, stage_share"
+)
+EXTRACT_STATS = (
+    "command ('extract'), pages, seconds, pages_per_second, extracted, rejected, rejects "
+    "(count by reason)"
+)
+
+
+def _add_report(parser: argparse.ArgumentParser, keys: str) -> None:
+    parser.add_argument(
+        "--stats",
+        metavar="FILE",
+        help=f"also write the summary to FILE as one JSON object ('-' for standard output), "
+        f"with the keys: {keys}",
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress bar and no summary on standard error (the line saying how many "
+        "pages were rejected, and hints about the input, are still printed)",
     )
 
 
@@ -247,13 +298,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Find near-duplicate Chinese web pages in crawled page files.",
         epilog=exits,
     )
-    parser.add_argument("--version", action="version", version=f"neardup {__version__}")
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     pages_help = (
         "input files, in order: raw-page JSONL (plain or gzip) or WARC (plain or gzip); "
-        "'-' reads JSONL from standard input"
+        "'-' reads JSONL from standard input. A JSONL line is one JSON object with url, "
+        "fetched_at (RFC 3339), content_type (the HTTP header, '' if unknown: required with "
+        "html as with body_b64), and the body as html (text) or body_b64 (bytes); page_id "
+        "and site are optional"
     )
     d = sub.add_parser(
         "dedup",
@@ -271,14 +325,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--clusters",
-        help="write the final page_id/url -> cluster_id mapping of the pages of this run",
+        help="write the final page_id/url -> cluster_id mapping of the pages of this run's "
+        "input (skipped ones included)",
     )
     d.add_argument("--merges", help="write cluster-merge events")
     d.add_argument("--rejects", help="write rejected pages with their reasons")
     d.add_argument(
         "--state",
-        help="RocksDB state directory; a later run with the same "
-        "directory continues against this run's pages (default: in memory)",
+        help="RocksDB state directory; a later run with the same directory continues "
+        "against this run's pages (default: in memory). A page whose id an earlier run with "
+        "this directory decided is skipped: not analysed again, nothing written to --out "
+        "for it, and counted as skipped in the summary",
     )
     d.add_argument(
         "--cache-mb",
@@ -290,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_extractor(d)
     _add_set(d, "k1=3")
-    d.add_argument("-q", "--quiet", action="store_true", help="no summary on standard error")
+    _add_report(d, DEDUP_STATS)
     d.set_defaults(func=cmd_dedup)
 
     e = sub.add_parser(
@@ -307,7 +364,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--rejects", help="write rejected pages with their reasons")
     _add_extractor(e)
     _add_set(e, "extract_timeout_s=2")
+    _add_report(e, EXTRACT_STATS)
     e.set_defaults(func=cmd_extract)
+
+    from neardup import query, report  # here: they import this module
+
+    query.add_parsers(sub)
+    report.add_parsers(sub)
     return parser
 
 
@@ -325,18 +388,35 @@ def _check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     not cost the inputs or an earlier run's results."""
     from neardup.sources import STDIN
 
-    missing = [p for p in args.pages if p != STDIN and not os.path.exists(p)]
+    inputs = [p for p in getattr(args, "pages", ()) if p != STDIN]
+    missing = [p for p in inputs if not os.path.exists(p)]
     if missing:
         parser.error(f"no such input file: {', '.join(missing)}")
+    for p in inputs:
+        if os.path.isdir(p):
+            parser.error(f"{p} is a directory: give the page files in it, e.g. {p}/*.jsonl.gz")
     outputs = [
-        p for name in ("out", "clusters", "merges", "rejects")
+        p for name in ("out", "clusters", "merges", "rejects", "stats")
         if (p := getattr(args, name, None)) is not None and p != "-"
     ]  # fmt: skip
     for i, out in enumerate(outputs):
-        if any(_same_file(out, p) for p in args.pages if p != STDIN):
+        if any(_same_file(out, p) for p in inputs):
             parser.error(f"{out} is both an input and an output")
         if any(_same_file(out, other) for other in outputs[:i]):
             parser.error(f"{out} is given for two outputs")
+    if getattr(args, "stats", None) == "-" and "-" in (args.out, getattr(args, "rejects", None)):
+        parser.error("--stats - and another output both on standard output would mix them")
+    state = getattr(args, "state", None)
+    if state is not None:
+        for path in (*outputs, *inputs):
+            if _within(path, state):
+                parser.error(f"{path} is the --state directory {state}, or inside it")
+
+
+def _within(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or a path inside it (links followed)."""
+    inner, outer = os.path.realpath(path), os.path.realpath(directory)
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

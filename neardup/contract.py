@@ -373,9 +373,20 @@ def _str_field(obj: object, key: str, max_len: int = 1 << 62) -> str | None:
 
 def parse_raw(line: bytes | str, max_bytes: int) -> RawPage | Rejected:
     """Parse and validate one raw-page message; a ``Rejected`` says why it is unusable."""
-    obj = _load(line, max_bytes)
+    obj = load_line(line, max_bytes)
     if isinstance(obj, Rejected):
         return obj
+    return parse_loaded(obj, max_bytes)
+
+
+def load_line(line: bytes | str, max_bytes: int) -> object | Rejected:
+    """``parse_raw``'s first step: the JSON value of a line, or why there is none."""
+    return _load(line, max_bytes)
+
+
+def parse_loaded(obj: object, max_bytes: int) -> RawPage | Rejected:
+    """``parse_raw``'s second step, on what ``load_line`` gave: a reader may look at the
+    value between the two (``neardup dedup`` looks its page id up in the state)."""
     url = _str_field(obj, "url")
     page_id = _str_field(obj, "page_id", MAX_PAGE_ID)
     error = _first_error("raw", obj)

@@ -22,7 +22,8 @@ from typing import Any, Protocol, cast
 
 from isal import isal_zlib
 
-from neardup.contract import derive_page_id, max_line_bytes, parse_raw
+from neardup.contract import derive_page_id, load_line, max_line_bytes, parse_loaded
+from neardup.reading import Reading, Skip, ids_of, not_jsonl
 from neardup.records import RawPage, Reason, Rejected
 
 STDIN = "-"
@@ -61,27 +62,38 @@ class _Lines(Protocol):
     def readline(self, size: int = -1, /) -> bytes: ...
 
 
-def iter_pages(paths: Sequence[str], max_bytes: int) -> Iterator[RawPage | Rejected]:
+def iter_pages(
+    paths: Sequence[str],
+    max_bytes: int,
+    *,
+    skip: Skip | None = None,
+    reading: Reading | None = None,
+) -> Iterator[RawPage | Rejected]:
     """Every page of every file, in file order then record order.
 
     Raises ``FileNotFoundError`` before yielding anything if a path does not exist: that is
     a mistake in the command, not bad data. Everything after that is data, never an error.
+    ``skip`` is asked about each page's id as soon as it is known, for a JSONL line before
+    its body is decoded: a page it says yes to is left out. ``reading`` is kept up to date.
     """
     missing = [p for p in paths if p != STDIN and not os.path.exists(p)]
     if missing:
         raise FileNotFoundError(f"no such input file: {', '.join(map(_shown_path, missing))}")
+    reading = reading or Reading()
     for path in paths:
         if path == STDIN:
-            yield from _stdin_pages(max_bytes)
+            yield from _stdin_pages(max_bytes, skip, reading)
         else:
-            yield from _file_pages(path, max_bytes)
+            yield from _file_pages(path, max_bytes, skip, reading)
 
 
-def _stdin_pages(max_bytes: int) -> Iterator[RawPage | Rejected]:
+def _stdin_pages(
+    max_bytes: int, skip: Skip | None, reading: Reading
+) -> Iterator[RawPage | Rejected]:
     if sys.stdin is None:  # started with descriptor 0 closed (found by a review: `<&-`)
         yield _bad_input(f"{_STDIN_NAME}: cannot read: standard input is closed")
         return
-    yield from _jsonl_pages(sys.stdin.buffer, _STDIN_NAME, max_bytes)
+    yield from _jsonl_pages(sys.stdin.buffer, _STDIN_NAME, max_bytes, skip, reading)
 
 
 def _shown_path(path: str) -> str:
@@ -94,29 +106,40 @@ def _shown_path(path: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def _file_pages(path: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
+def _file_pages(
+    path: str, max_bytes: int, skip: Skip | None, reading: Reading
+) -> Iterator[RawPage | Rejected]:
     # A detail holding the path as given would not encode as UTF-8, and the reject could
     # not be written (found by a review of hostile input: a file named b"bad\xffname").
     name = _shown_path(path)
     try:
-        stream, head = open_input(path)
+        stream, head = open_input(path, reading)
     except STREAM_ERRORS as exc:
         yield _bad_input(f"{name}: cannot read: {_say(exc)}")
         return
     with stream:
-        if head.startswith(_WARC_MAGIC):
-            yield from _warc_pages(stream, name, max_bytes)
-        else:
-            yield from _jsonl_pages(stream, name, max_bytes)
+        try:
+            if not head.startswith(_WARC_MAGIC):
+                yield from _jsonl_pages(stream, name, max_bytes, skip, reading)
+            elif skip is None:
+                yield from _warc_pages(stream, name, max_bytes)
+            else:  # a record's page id is known once it is parsed
+                for item in _warc_pages(stream, name, max_bytes):
+                    if isinstance(item, Rejected) or not skip(item.page_id, item.url):
+                        yield item
+        finally:
+            reading.closed()
 
 
-def open_input(path: str) -> tuple[io.BufferedReader, bytes]:
+def open_input(path: str, reading: Reading | None = None) -> tuple[io.BufferedReader, bytes]:
     """The file's bytes, gunzipped if they are gzip, and the first few of those (what tells
     the format), from one open: a pipe or a FIFO gives its bytes once. (Found by a review
     of hostile input: the format was sniffed by opening the file, then it was opened again
     to be read, so `neardup dedup <(cat pages.jsonl)` read an empty pipe and a FIFO hung.)
     """
     raw = open(path, "rb", buffering=0)  # noqa: SIM115 (the stream returned closes it)
+    if reading is not None:
+        reading.opened(raw)
     try:
         source, head = _rewound(raw)
         if head.startswith(_GZIP_MAGIC):
@@ -241,9 +264,12 @@ def _bad_input(detail: str, url: str | None = None) -> Rejected:
     return Rejected(Reason.BAD_INPUT, detail, page_id=page_id, url=url)
 
 
-def _jsonl_pages(stream: _Lines, name: str, max_bytes: int) -> Iterator[RawPage | Rejected]:
+def _jsonl_pages(
+    stream: _Lines, name: str, max_bytes: int, skip: Skip | None, reading: Reading
+) -> Iterator[RawPage | Rejected]:
     limit = max_line_bytes(max_bytes)
     lineno = 0
+    first = True
     while True:
         try:
             line = stream.readline(limit + 1)
@@ -261,7 +287,17 @@ def _jsonl_pages(stream: _Lines, name: str, max_bytes: int) -> Iterator[RawPage 
             line = line[len(UTF8_BOM) :]  # RFC 8259 lets a parser ignore one; editors add it
         if not line.strip():
             continue
-        result = parse_raw(line, max_bytes)
+        loaded = load_line(line, max_bytes)
+        if first and isinstance(loaded, Rejected) and loaded.reason is Reason.BAD_JSON:
+            reading.hints.append(not_jsonl(name, line))
+        first = False
+        if skip is not None and not isinstance(loaded, Rejected):
+            # before the body is checked and decoded (base64), and before the page is sent
+            # to be analysed: for a page decided before, only reading the line is left
+            ids = ids_of(loaded)
+            if ids is not None and skip(*ids):
+                continue
+        result = loaded if isinstance(loaded, Rejected) else parse_loaded(loaded, max_bytes)
         if isinstance(result, Rejected):
             result = dataclasses.replace(result, detail=f"{name}:{lineno}: {result.detail}")
         yield result
