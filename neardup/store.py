@@ -67,6 +67,11 @@ class MemoryKV:
         get = self.data.get
         return [get(k) for k in keys]
 
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The items whose keys start with ``prefix``, in key order (as RocksDB's)."""
+        for key in sorted(k for k in self.data if k.startswith(prefix)):
+            yield key, self.data[key]
+
     def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
         if self._kinds:
             self._apply(list(items))
@@ -137,17 +142,26 @@ class RocksKV:
     #: Block cache, MiB (``cache_mb``): RocksDB's own default is 32 MiB.
     CACHE_MB = 256
 
-    def __init__(self, path: str, cache_mb: int = CACHE_MB) -> None:
-        """``cache_mb``: the block cache. It holds the blocks read most recently in this
+    def __init__(self, path: str, cache_mb: int = CACHE_MB, *, read_only: bool = False) -> None:
+        """``read_only``: open state that exists, without writing it nor taking its lock (a
+        run may be writing it meanwhile); none there is a StateError.
+
+        ``cache_mb``: the block cache. It holds the blocks read most recently in this
         process's memory, where a host that reclaims idle page cache (as this project's
         machine does, after about a minute) cannot take them: at 10 million pages, the
         same lookups after 150 s idle took p99 1.222 ms with RocksDB's 32 MiB and 0.215
         ms with 3 GiB (``bench/index.py --idle``)."""
-        from rocksdict import BlockBasedOptions, Cache, Options, Rdict
+        from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict
 
         if cache_mb < 1:
             raise ValueError(f"the block cache needs at least 1 MiB, not {cache_mb}")
 
+        if read_only:
+            # rocksdict would write a config file into any directory it is given
+            if not os.path.isdir(path):
+                raise StateError(f"no state at {path}: no such directory")
+            if not os.path.isfile(os.path.join(path, "CURRENT")):
+                raise StateError(f"no state at {path}: the directory holds no RocksDB data")
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as exc:  # a file there, a parent that is a file, no permission
@@ -165,7 +179,8 @@ class RocksKV:
             # the options for the default column family too: given only as the database's,
             # rocksdict takes that family's from the database's options file when the
             # database exists, with no filter policy (``neardup.kafka.rocksmem``)
-            self._db = Rdict(path, opts, column_families={"default": opts})
+            access = AccessType.read_only() if read_only else AccessType.read_write()
+            self._db = Rdict(path, opts, column_families={"default": opts}, access_type=access)
         except Exception as exc:  # rocksdict raises a bare Exception for IO errors
             raise StateError(f"cannot open RocksDB state at {path}: {exc}") from exc
 
@@ -202,10 +217,18 @@ class RocksKV:
     def delete_prefix(self, prefix: bytes) -> None:
         self.write((), (prefix,))
 
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The items whose keys start with ``prefix``, in key order."""
+        items = cast("Iterator[tuple[bytes, bytes]]", self._db.items(from_key=prefix))
+        for key, value in items:
+            if not key.startswith(prefix):
+                break
+            yield key, value
+
     def _keys_under(self, prefix: bytes) -> Iterator[bytes]:
         """The keys that start with ``prefix``, read from the database, to delete one by
         one: a range tombstone for each host the template filter drops slowed every read
-        of the memtable (``bench/HISTORY.md``, Template hosts)."""
+        of the memtable (``bench/hosts.py`` shows it)."""
         for key in cast("Iterator[bytes]", self._db.keys(from_key=prefix)):
             if not key.startswith(prefix):
                 break
@@ -237,6 +260,28 @@ def check_marker(kv: KV, cfg: EngineConfig, where: str) -> None:
             f"and {want['params']!r}. Its fingerprints are not comparable: point --state at "
             f"a new directory (or rerun with the parameters it was made with)."
         )
+
+
+def open_to_read(path: str, cache_mb: int = RocksKV.CACHE_MB) -> RocksKV:
+    """The RocksDB state at ``path``, opened read-only, whatever engine parameters made it
+    (reading its records and clusters compares no fingerprints); StateError when there is
+    none, or it is not neardup's, or of a format this version does not read."""
+    kv = RocksKV(path, cache_mb, read_only=True)
+    try:
+        (raw,) = kv.get_many([MARKER_KEY])
+        if raw is None:
+            raise StateError(f"{path} is a RocksDB database, but not neardup state (no marker)")
+        have = json.loads(raw).get("format")
+        if have != FORMAT_VERSION:
+            raise StateError(
+                f"the state at {path} was written with format {have}; this neardup "
+                f"({__version__}) reads format {FORMAT_VERSION}: read it with the version "
+                f"that wrote it ({json.loads(raw).get('written_by')})"
+            )
+    except BaseException:
+        kv.close()
+        raise
+    return kv
 
 
 def open_state(path: str | None, cfg: EngineConfig, cache_mb: int = RocksKV.CACHE_MB) -> KV:

@@ -29,7 +29,16 @@ import orjson
 
 from neardup.config import EngineConfig
 from neardup.contract import parse_raw
-from neardup.engine import Analysed, Engine, Merge, Outcome, Stats, analyse, internal_rejection
+from neardup.engine import (
+    Analysed,
+    Engine,
+    Merge,
+    Outcome,
+    Stats,
+    analyse,
+    internal_rejection,
+    stored_decision,
+)
 from neardup.kafka.journal import JournalKV
 from neardup.kafka.sequence import Key, Progress, Sequencer, key_bytes, key_from_bytes
 from neardup.kafka.tablekv import ScanKV
@@ -54,7 +63,8 @@ _RELEASED = b"\x01L"  # -> key_bytes of the greatest key released
 _MERGES = b"\x01G"  # + pid -> the merges the page's decision caused (JSON list)
 # + sequencer offset (8 bytes) -> the pids (8 bytes each) of the decisions made while
 # handling that sequencer message, whose outputs may not have reached the broker yet (see
-# ``DecideStage.confirm``). Before, a key of its own a decision: + offset + pid -> b"1".
+# ``DecideStage.confirm``). Also read: the older layout of a key a decision,
+# + offset + pid -> b"1", which a state written by an older worker may hold.
 _OUTBOX = b"\x01O"
 
 #: A pending page that has waited this long is logged with what holds it back.
@@ -266,7 +276,7 @@ class DecideStage:
             if int.from_bytes(key[n : n + 8], "big") < self.offset:
                 self.journal.delete_many([key])
                 continue
-            pids = value if len(key) == n + 8 else key[n + 8 :]  # (a key a decision, before)
+            pids = value if len(key) == n + 8 else key[n + 8 :]  # or the older layout
             for at in range(0, len(pids) - 7, 8):
                 out += self._stored(int.from_bytes(pids[at : at + 8], "big")) or []
             self.unconfirmed.append(key)
@@ -482,6 +492,6 @@ class DecideStage:
         rec = self.engine.clusters.page(pid)
         if rec is None:
             return None
-        decision = dict(rec["decision"])  # type: ignore[call-overload]
+        decision = stored_decision(self.engine.clusters, rec)
         (raw,) = self.journal.get_many([_MERGES + pid_bytes(pid)])
         return self._outputs(decision, json.loads(raw) if raw else [])

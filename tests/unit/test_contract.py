@@ -275,6 +275,12 @@ def decision(**fields: Any) -> dict[str, Any]:
         ({"decision": "unique"}, "$.duplicate_of"),
         ({"decision": "maybe"}, "$.decision"),
         ({"duplicate_of": None}, "$.duplicate_of"),
+        ({"duplicate_of_url": None}, "$.duplicate_of_url"),
+        ({"duplicate_of_url": ""}, "$.duplicate_of_url"),
+        (
+            {"decision": "unique", "duplicate_of": None, "distance": None, "similarity": None},
+            "$.duplicate_of_url",
+        ),
         ({"distance": None}, "$.distance"),
         ({"distance": 65}, "$.distance"),
         ({"distance": 2.5}, "$.distance"),
@@ -294,9 +300,32 @@ def test_decision_schema_rejects(fields: dict[str, Any], where: str) -> None:
 
 
 def test_decision_unique_has_nulls() -> None:
-    unique = decision(decision="unique", duplicate_of=None, distance=None, similarity=None)
+    unique = decision(
+        decision="unique", duplicate_of=None, duplicate_of_url=None, distance=None, similarity=None
+    )
     assert validate("decision", unique) == []
     assert validate("decision", decision(decision="contained")) == []
+
+
+# Each schema's fields, by the schema's $id. A consumer that validates with a schema
+# refuses fields it does not know (additionalProperties is false), so a change to the
+# fields is a new version: a new $id, pinned here beside the old one's fields.
+SCHEMA_FIELDS = {
+    "urn:neardup:schema:decision:v2": (
+        "page_id url decision duplicate_of duplicate_of_url cluster_id distance similarity "
+        "fingerprint title text_chars charset decided_at engine"
+    ),
+    "urn:neardup:schema:cluster-merge:v1": "from_cluster into_cluster page_id at",
+    "urn:neardup:schema:rejected-page:v1": "page_id url reason detail at",
+    "urn:neardup:schema:raw-page:v1": "url fetched_at content_type html body_b64 page_id site",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEMA_FILES))
+def test_schema_fields_change_only_with_the_version(kind: str) -> None:
+    schema = load_schema(kind)
+    assert schema["$id"] in SCHEMA_FIELDS, f"{kind}: pin the fields of {schema['$id']}"
+    assert sorted(schema["properties"]) == sorted(SCHEMA_FIELDS[schema["$id"]].split())
 
 
 def test_merge_and_rejected_schemas_reject_extras_and_gaps() -> None:
