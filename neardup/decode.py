@@ -5,7 +5,8 @@ Layers, first winner taken (``Decoded.layer`` says which):
 1. ``bom``      a UTF-8 or UTF-16 byte-order mark. It comes before the header, as in the
                 WHATWG encoding standard: a BOM is never accidental, while a header is often
                 a server default, and a UTF-16 body labelled UTF-8 would otherwise "decode".
-2. ``header``   the charset of the HTTP Content-Type;
+2. ``header``   the charset of the HTTP Content-Type; a GB or Big5 charset that the
+                ``<meta>`` names too is believed on weaker evidence (see below);
 3. ``meta``     ``<meta charset>`` / ``http-equiv`` / ``<?xml encoding>`` in the first 4 KiB;
 4. ``utf8``     the body is valid UTF-8;
 5. ``detector`` Chinese codecs that read as common Chinese, else charset-normalizer;
@@ -18,7 +19,12 @@ A charset (declared, UTF-8 or detected) is believed only if it decodes the body:
 with at most an incomplete character at the end (truncated fetches), or with under 0.1% bad
 bytes that are also under 1% of the non-ASCII bytes (GBK read as UTF-8 fails on nearly all).
 A GB or Big5 decoding must also give common Chinese characters: Big5 bytes decode without
-a single error as GB18030, into rare characters, kana and private-use code points.
+a single error as GB18030, into rare characters, kana and private-use code points. That
+test samples the first few hundred non-ASCII characters, which may be a navigation bar of
+rare characters; so when the header and the ``<meta>`` name the same GB or Big5 charset,
+the charset is believed if it decodes the body and the page's prose (its long non-ASCII
+runs) reads as Chinese in it, unless the body is UTF-8 or the prose reads better in the
+other Chinese family. The detector judges the prose the same way when the sample fails.
 Latin-1 and ASCII labels, often a server default, give way to valid UTF-8 and to bytes that
 read as Chinese in GB18030 or Big5.
 """
@@ -66,6 +72,11 @@ _TOLERATED_PER_HIGH_BYTE = 0.01
 # codec >= 0.96 on every page, the other Chinese codec <= 0.55.
 _PLAUSIBLE_SHARE = 0.8
 _PLAUSIBLE_MIN_SAMPLE = 24
+# Non-ASCII runs at least this long are taken as prose rather than navigation labels.
+_PROSE_RUN = 12
+# Share of common Chinese in the prose below which even agreeing labels are not believed:
+# the wrong one of the two Chinese codecs reads about 0.3-0.55, the right one over 0.9.
+_AGREED_MIN_SHARE = 0.6
 
 _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"%PDF", "a PDF document"),
@@ -348,21 +359,67 @@ def _detector_sample(raw: bytes) -> bytes:
     return raw[start : cut if cut > start + DETECTOR_SAMPLE_BYTES // 2 else end]
 
 
+def prose_share(text: str) -> float:
+    """Share of common Chinese among the whole text's non-ASCII runs of sentence length
+    (all runs if there is none so long); 1.0 if it has no non-ASCII character.
+
+    Navigation labels are short runs between tags, so a bar of rare characters does not
+    outweigh a paragraph, however early on the page it comes.
+    """
+    runs = _NON_ASCII.findall(text)
+    found = "".join(run for run in runs if len(run) >= _PROSE_RUN) or "".join(runs)
+    return sum(map(_COMMON_CHINESE.__contains__, found)) / len(found) if found else 1.0
+
+
 class _Attempts:
     """Decodings tried for one page, so that no codec decodes the same body twice."""
 
     def __init__(self, raw: bytes) -> None:
         self.raw = raw
+        self._decoded: dict[str, tuple[str, str] | None] = {}
         self._done: dict[str, tuple[str, str] | None] = {}
+
+    def decodes(self, codec: str) -> tuple[str, str] | None:
+        """(text, codec used) if ``codec`` decodes the body well enough, whatever it reads as."""
+        if codec not in self._decoded:
+            self._decoded[codec] = _decodes(self.raw, codec)
+        return self._decoded[codec]
 
     def __call__(self, codec: str) -> tuple[str, str] | None:
         """(text, codec used) if ``codec`` is believable for this page, else None."""
         if codec not in self._done:
-            found = _decodes(self.raw, codec)
+            found = self.decodes(codec)
             if found is not None and codec in _CHINESE and not reads_as_chinese(found[0]):
                 found = None
             self._done[codec] = found
         return self._done[codec]
+
+    def agreed(self, codec: str) -> tuple[str, str] | None:
+        """(text, codec used) for a Chinese ``codec`` that the header and the ``<meta>`` both
+        name: believed if it decodes the body and the page's prose reads mostly as common
+        Chinese in it, unless the body is UTF-8 or the other Chinese family reads the
+        prose better.
+
+        The first non-ASCII characters that ``reads_as_chinese`` samples are often a
+        navigation bar, and on a real page that bar may hold rare characters, kana or
+        Cyrillic; two labels that agree outweigh it. Big5 bytes are, byte for byte, valid
+        GB18030, so validity alone cannot catch Big5 labelled GB in both places: the
+        comparison over the page's prose does, as a wrong reading is about half rare.
+        """
+        found = self.decodes(codec)
+        # A GB or Big5 body is practically never valid UTF-8, while GB18030 decodes much
+        # UTF-8 without an error.
+        if found is None or self.decodes("utf-8") is not None:
+            return None
+        share = prose_share(found[0])
+        if share < _AGREED_MIN_SHARE:
+            return None
+        other = self.decodes("big5hkscs" if codec == "gb18030" else "gb18030")
+        if other is not None:
+            other_share = prose_share(other[0])
+            if other_share >= _PLAUSIBLE_SHARE and other_share > share:
+                return None
+        return found
 
 
 def _detect_chinese(attempt: _Attempts) -> tuple[str, str] | None:
@@ -372,7 +429,15 @@ def _detect_chinese(attempt: _Attempts) -> tuple[str, str] | None:
         found = attempt(codec)
         if found is not None:
             return found
-    return None
+    # Neither reads as Chinese in the first characters, which may be a navigation bar of
+    # rare ones: judge the page's prose instead.
+    best, best_share = None, _PLAUSIBLE_SHARE
+    for codec in ("gb18030", "big5hkscs"):
+        found = attempt.decodes(codec)
+        share = -1.0 if found is None else prose_share(found[0])
+        if share >= best_share:
+            best, best_share = found, share
+    return best
 
 
 def _detect_other(raw: bytes, attempt: _Attempts) -> tuple[str, str] | None:
@@ -399,7 +464,17 @@ def _layers(raw: bytes, content_type: str) -> Iterator[tuple[str, tuple[str, str
         if declared in _WEAK and not raw.isascii():
             weak.append((layer, declared))
             continue
-        yield layer, attempt(declared)
+        found = attempt(declared)
+        # Both labels naming one Chinese charset are trusted beyond the sample's judgement
+        # (see ``_Attempts.agreed``); the meta scan only runs when the sample failed.
+        if (
+            found is None
+            and layer == LAYER_HEADER
+            and declared in _CHINESE
+            and meta_charset(raw) == declared
+        ):
+            found = attempt.agreed(declared)
+        yield layer, found
     yield LAYER_UTF8, attempt("utf-8")
     yield LAYER_DETECTOR, _detect_chinese(attempt)
     for layer, declared in weak:

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neardup.decode import bad_share, codec_for, decode, meta_charset, not_html, reads_as_chinese
+from neardup.decode import (
+    bad_share,
+    codec_for,
+    decode,
+    meta_charset,
+    not_html,
+    prose_share,
+    reads_as_chinese,
+)
 from neardup.records import Decoded, RawPage, Reason, Rejected
 
 # Sentences written for these tests; simplified for GB, traditional for Big5.
@@ -249,6 +257,91 @@ def test_reads_as_chinese() -> None:
     assert reads_as_chinese(html(TRADITIONAL))
     assert not reads_as_chinese(html(TRADITIONAL).encode("big5").decode("gb18030"))
     assert not reads_as_chinese(html(SIMPLIFIED).encode("utf-8").decode("gb18030", "replace"))
+
+
+# --- labels that agree, navigation of rare characters -----------------------------------
+
+# Navigation bars written for these tests: kana, Cyrillic and rare or dialect characters,
+# so that the first few hundred non-ASCII characters of the page are not common Chinese.
+RARE_NAV_GB = ["ニュース", "スポーツ", "Новости", "Спорт", "㐀㐁㐂", "鑫淼焱垚", "犇骉麤", "ゲーム"]
+RARE_NAV_BIG5 = ["嘅啲咗冇", "睇佢哋", "ニュース", "Новости", "乜嘢", "喺度", "嚟緊", "㗎"]
+SHORT_SIMPLIFIED = "今天上午，市政府召开新闻发布会，介绍了今年城市交通建设的最新进展。"
+SHORT_TRADITIONAL = "今天上午，市政府召開新聞發布會，介紹了今年城市交通建設的最新進展。"
+
+
+def nav_page(nav: list[str], text: str, label: str, repeat: int = 4) -> str:
+    links = "".join(f'<li><a href="/c/{i}">{item}</a></li>' for i, item in enumerate(nav * repeat))
+    return (
+        f'<html><head><meta http-equiv="Content-Type" content="text/html; charset={label}">'
+        f"<title>t</title></head><body><ul>{links}</ul><p>{text}</p></body></html>"
+    )
+
+
+@pytest.mark.parametrize("label", ["gb18030", "gbk", "gb2312"])
+def test_agreed_gb_label_beats_a_navigation_of_rare_characters(label: str) -> None:
+    text = nav_page(RARE_NAV_GB, SHORT_SIMPLIFIED, label)
+    body = text.encode("gb18030")
+    assert not reads_as_chinese(body.decode("gb18030"))  # the sample alone is fooled
+    result = decoded(decode(page(body, f"text/html; charset={label}")), "header", "gb18030")
+    assert result.html == text
+
+
+@pytest.mark.parametrize("label", ["big5", "big5-hkscs"])
+def test_agreed_big5_label_beats_a_navigation_of_rare_characters(label: str) -> None:
+    text = nav_page(RARE_NAV_BIG5, SHORT_TRADITIONAL, label)
+    body = text.encode("big5hkscs")
+    result = decoded(decode(page(body, f"text/html; charset={label}")), "header", "big5hkscs")
+    assert result.html == text
+
+
+def test_agreed_labels_with_a_long_rare_navigation_and_a_short_article() -> None:
+    text = nav_page(RARE_NAV_GB, SHORT_SIMPLIFIED[:20], "gbk", repeat=12)
+    result = decoded(decode(page(text.encode("gb18030"), "text/html; charset=gbk")), "header")
+    assert result.html == text
+
+
+def test_agreed_gb_labels_on_big5_bytes_with_rare_navigation_still_caught() -> None:
+    # Byte for byte valid GB18030: only the prose, read in both families, tells.
+    text = nav_page(RARE_NAV_BIG5, SHORT_TRADITIONAL * 2, "gb2312")
+    body = text.encode("big5hkscs")
+    result = decoded(decode(page(body, "text/html; charset=gb2312")), "detector", "big5hkscs")
+    assert result.html == text
+
+
+def test_agreed_gbk_labels_on_a_utf8_body_give_way_to_utf8() -> None:
+    text = nav_page(RARE_NAV_GB, SHORT_SIMPLIFIED * 3, "gbk")
+    result = decoded(decode(page(text.encode("utf-8"), "text/html; charset=gbk")), "utf8")
+    assert result.html == text
+
+
+def test_one_label_alone_is_not_trusted_beyond_the_sample() -> None:
+    # Header GBK, meta Big5: no agreement, so the header is judged by its sample as
+    # before, and the detector, reading the prose, finds the charset all the same.
+    text = nav_page(RARE_NAV_GB, SHORT_SIMPLIFIED, "big5")
+    result = decoded(decode(page(text.encode("gb18030"), "text/html; charset=gbk")), "detector")
+    assert result.charset == "gb18030" and result.html == text
+
+
+@pytest.mark.parametrize(
+    ("nav", "text", "codec"),
+    [(RARE_NAV_GB, SHORT_SIMPLIFIED, "gb18030"), (RARE_NAV_BIG5, SHORT_TRADITIONAL, "big5hkscs")],
+    ids=["gb18030", "big5hkscs"],
+)
+def test_unlabelled_page_with_rare_navigation_is_read_by_its_prose(
+    nav: list[str], text: str, codec: str
+) -> None:
+    html_text = nav_page(nav, text, "x").replace(
+        '<meta http-equiv="Content-Type" content="text/html; charset=x">', ""
+    )
+    result = decoded(decode(page(html_text.encode(codec))), "detector", codec)
+    assert result.html == html_text
+
+
+def test_prose_share() -> None:
+    assert prose_share("") == 1.0
+    assert prose_share(nav_page(RARE_NAV_GB, SHORT_SIMPLIFIED, "gbk")) == 1.0
+    wrong = nav_page(RARE_NAV_BIG5, SHORT_TRADITIONAL, "x").encode("big5hkscs").decode("gb18030")
+    assert prose_share(wrong) < 0.6
 
 
 # --- not HTML, not text ---------------------------------------------------------------
