@@ -1,12 +1,19 @@
 """Speed and quality of the extractors in ``neardup.extract``, side by side.
 
     python bench/extraction.py [--data DIR] [--extractors density,resiliparse,trafilatura]
+    python bench/extraction.py --heldout [--seed 39] [--extractors density]
 
 Speed: pages per second of CPU time in this one process (``time.process_time``, so other
 load on the machine distorts it less), the median of ``--runs`` passes over all pages, the
 extractors interleaved within each pass; "(lexbor parse)" is the parse alone, the ceiling.
 Quality: character-bigram precision/recall/F1 of the extracted text against the
-references in ``refs.jsonl.gz``, and the share of exact title matches. The references
+references in ``refs.jsonl.gz``, and the share of exact title matches; then F1 by site,
+the worst site first, and the worst pages.
+
+``--heldout`` scores instead the pages of the held-out stream (``bench.streams``: site
+templates unlike the dev ones, filled with the dev texts at run time), decoded as the
+engine decodes them, against the very paragraphs each page was built from (noise-stripped
+like the weak references): exact references, by template. Quality only, no timing. The references
 are WEAK (other tools' output, see the data README): read the worst pages by eye before
 believing a difference. By default ``strip_noise`` is applied to the references too, so
 that the editor/source lines they keep do not count as misses; ``--raw-refs`` turns that off.
@@ -27,6 +34,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere, without installing
@@ -147,6 +155,76 @@ def score_all(
     return scores, outcomes
 
 
+def site_of(url: str) -> str:
+    """The site a page comes from: the URL's host, or a ``file://`` URL's first part
+    (``file://cx-netease/RawHtml/70.html`` is from ``cx-netease``)."""
+    split = urlsplit(url)
+    return (split.hostname or split.path.strip("/").split("/")[0] or "?").removeprefix("www.")
+
+
+def by_site(scores: list[Score]) -> dict[str, list[Score]]:
+    out: dict[str, list[Score]] = {}
+    for s in scores:
+        out.setdefault(site_of(s.url), []).append(s)
+    return out
+
+
+def _mean_f1(rows: list[Score]) -> float:
+    return statistics.mean(s.f1 for s in rows)
+
+
+def heldout_pages(seed: int) -> tuple[list[Decoded], dict[str, Ref], dict[str, str]]:
+    """The held-out stream's pages, decoded by ``neardup.decode``; each page's own
+    paragraphs as its reference; and each page's template by URL."""
+    import random  # only this mode needs these
+
+    from bench.common import DATA
+    from bench.streams import heldout
+    from bench.streams.texts import load_texts
+    from neardup.contract import parse_raw
+    from neardup.decode import decode
+
+    rng = random.Random(seed)
+    # build()'s two steps, kept apart to read each page's paragraphs (the stream's labels
+    # do not carry them): _render makes one line per planned page, in order
+    builder = heldout._plan(load_texts(DATA / "neardup-dev"), rng)
+    stream = heldout._render(builder, rng)
+    pages, refs, templates = [], {}, {}
+    for line, plan, label in zip(stream.lines, builder.pages, stream.labels, strict=True):
+        raw = parse_raw(line, 5 << 20)
+        decoded = decode(raw) if isinstance(raw, RawPage) else raw
+        if not isinstance(decoded, Decoded):
+            continue
+        pages.append(decoded)
+        refs[label["url"]] = Ref(plan.title, "\n".join(plan.paragraphs))
+        templates[label["url"]] = label["template"]
+    return pages, refs, templates
+
+
+def main_heldout(args: argparse.Namespace, names: list[str]) -> int:
+    pages, refs, templates = heldout_pages(args.seed)
+    print(f"held-out stream (seed {args.seed}): {len(pages)} pages, exact references")
+    for n in names:
+        scores, outcomes = score_all(pages, refs, n, args.raw_refs, False)
+        fs = [s.f1 for s in scores]
+        print(
+            f"\n{n}: F1 mean {statistics.mean(fs):.3f}, median {statistics.median(fs):.3f}, "
+            f"pages under 0.8: {sum(f < 0.8 for f in fs)}; {dict(outcomes)}"
+        )
+        by_template: dict[str, list[Score]] = {}
+        for s in scores:
+            by_template.setdefault(templates[s.url], []).append(s)
+        print("F1 by template, worst first (pages, mean F1, mean P, mean R, under 0.8):")
+        for name, rows in sorted(by_template.items(), key=lambda kv: _mean_f1(kv[1])):
+            p, r = (statistics.mean(getattr(s, k) for s in rows) for k in ("precision", "recall"))
+            low = sum(s.f1 < 0.8 for s in rows)
+            print(f"  {name:<14} {len(rows):5d} {_mean_f1(rows):6.3f} {p:6.3f} {r:6.3f} {low:5d}")
+        print(f"{args.worst} worst pages (F1, P, R):")
+        for s in sorted(scores, key=lambda s: s.f1)[: args.worst]:
+            print(f"  {s.f1:.3f} {s.precision:.3f} {s.recall:.3f}  {templates[s.url]:<12} {s.url}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared/data/extraction-dev")
@@ -157,8 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--drop-dated-ref-lines", action="store_true", help="drop ref lines ending in a date"
     )
+    ap.add_argument("--heldout", action="store_true", help="score the held-out stream")
+    ap.add_argument("--seed", type=int, default=39, help="of the held-out stream")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.extractors.split(",") if n.strip()]
+    if args.heldout:
+        return main_heldout(args, names)
 
     pages = load_pages(args.data / "pages.jsonl.gz")
     refs = load_refs(args.data / "refs.jsonl.gz")
@@ -198,6 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     for a in names:
         print(f"{a:<12}" + "".join(f"{speed[a] / speed[b]:13.2f}" for b in names))
 
+    for n in names:
+        print(f"\nF1 by site for {n}, worst first (pages, mean F1, mean P, mean R):")
+        for site, rows in sorted(by_site(results[n][0]).items(), key=lambda kv: _mean_f1(kv[1])):
+            p, r = (statistics.mean(getattr(s, k) for s in rows) for k in ("precision", "recall"))
+            print(f"  {site:<28} {len(rows):4d} {_mean_f1(rows):6.3f} {p:6.3f} {r:6.3f}")
     for n in names:
         print(f"\n{args.worst} worst pages for {n} (F1, P, R):")
         for s in sorted(results[n][0], key=lambda s: s.f1)[: args.worst]:

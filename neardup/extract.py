@@ -14,8 +14,9 @@ HTML. Three extractors are selectable by name:
 * ``trafilatura``: slow (about 27 pages/s against about 600) but well known; kept for
   comparison.
 
-Every extractor's lines then pass through ``strip_noise``, which drops the lines that
-reprinting sites add (editor, source and copyright lines, share widgets, related links).
+Every extractor's lines then pass through ``strip_noise`` (``neardup.noise``, re-exported
+here), which drops the lines that reprinting sites add (editor, source and copyright
+lines, share widgets, related links) and lines that read as site furniture.
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ import numpy as np
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from neardup import config
+from neardup.boilerplate import is_boilerplate
+from neardup.noise import is_noise as _is_noise
+from neardup.noise import strip_noise
 from neardup.records import Decoded, Extracted, Reason, Rejected
+
+__all__ = ["DEFAULT_EXTRACTOR", "EXTRACTORS", "extract", "strip_noise"]
 
 #: The extractor used when none is named; see ``bench/extraction.py`` for why.
 DEFAULT_EXTRACTOR: Final = "density"
@@ -39,8 +45,9 @@ DEFAULT_EXTRACTOR: Final = "density"
 #: the name is what decisions record.
 EXTRACTORS: Final = config.EXTRACTORS
 
-# (title, raw lines before noise filtering, the page's prose-like blocks wherever they are)
-_Lines = tuple[str, list[str], list[str]]
+# (title, raw lines before noise filtering, the page's prose-like blocks wherever they are,
+# the runner-up block's raw lines)
+_Lines = tuple[str, list[str], list[str], list[str]]
 # An extractor gets the page twice: as text, and as UTF-8 bytes (what lexbor parses;
 # "replace" because a decoder's lone surrogates must not make a page unparseable).
 _Extractor = Callable[[str, bytes], _Lines]
@@ -53,6 +60,9 @@ _ZERO_WIDTH = re.compile("[\u200b\u200c\u200d\u2060\ufeff]")
 # Sentence punctuation (and the half-width comma, and 「」 quotes of Traditional text):
 # the signal that a block is prose.
 _PUNCT = re.compile(r"[，。！？；：、“”「」,]")
+# A sentence end in ASCII punctuation ("恢复供水. 请储水!"): a short line written with a
+# half-width keyboard is prose too, though it has none of the marks above.
+_ASCII_STOP = re.compile(r"\w[.!?;](?:\s|$)")
 
 
 def _clean(line: str) -> str:
@@ -253,6 +263,16 @@ _THOROUGH_WEIGHT: Final = 0.5
 # The thorough pass replaces the quick pass's container only when it scores this much
 # higher: a short article found by the quick pass is better than its parent plus teasers.
 _THOROUGH_MARGIN: Final = 1.5
+# Paragraph <div>s are read as one article only in a parent with at most this link density.
+_SIBLINGS_MAX_LINKS: Final = 0.2
+# Blocks scoring less are judged for furniture (``_Credits``): a template block is a few
+# paragraphs at most, and judging every paragraph of a long article costs a tenth of it.
+_JUDGE_BELOW: Final = 40.0
+# A block whose score is this much furniture is furniture as a whole.
+_FURNITURE_SHARE: Final = 0.5
+# Below this adjusted score (a few paragraphs) the best block may be a template block the
+# host repeats, and the runner-up outside it is kept for the engine to fall back on.
+_RUNNER_UP_BELOW: Final = 40.0
 
 
 def _unit_score(text: str, min_punct: int = 0) -> float:
@@ -261,7 +281,9 @@ def _unit_score(text: str, min_punct: int = 0) -> float:
     if n < 8:
         return 0.0
     k = len(_PUNCT.findall(text))
-    if k < min_punct or (k == 0 and n < 40):  # a menu item, a label, a channel blurb
+    if k < min_punct:
+        return 0.0
+    if k == 0 and n < 40 and not _ASCII_STOP.search(text):  # a menu item, a label
         return 0.0
     if _is_noise(text):  # a long reprint notice is not prose
         return 0.0
@@ -367,6 +389,8 @@ _A_ID: Final = _tag_ids(["a"])["a"]
 _LIST_ITEM_IDS: Final = frozenset(_tag_ids(_LIST_ITEMS).values())
 _NOT_LEAF_IDS: Final = frozenset(_tag_ids(_NOT_LEAF_CHILDREN).values())
 _PAGE_ROOT_IDS: Final = frozenset(_tag_ids(["body", "html"]).values())
+_DIV_ID: Final = _tag_ids(["div"])["div"]
+_DIV_OR_P: Final = frozenset(_tag_ids(["div", "p"]).values())
 
 
 def _unwrap_inline(container: LexborNode) -> None:
@@ -378,8 +402,8 @@ def _unwrap_inline(container: LexborNode) -> None:
 
 
 def _best_container(
-    scan: _Scan, thorough: bool, prose: list[str] | None = None
-) -> tuple[LexborNode | None, float]:
+    scan: _Scan, thorough: bool, prose: list[str] | None = None, title: str = ""
+) -> tuple[LexborNode | None, float, LexborNode | None]:
     """The block whose paragraphs score highest, discounted by links and class hints.
 
     Every paragraph credits its owner in full and the owner's parent by half
@@ -388,17 +412,25 @@ def _best_container(
     makes the block its own owner. The ``thorough`` pass also reads text that sits in
     inline wrappers (``<div><span>text</span></div>``, ``<font>text<br>text</font>``);
     it costs twice as much, so it runs only when the quick pass finds little.
-    Every scored text goes into ``prose``, when given.
+    Every scored text goes into ``prose``, when given. The score a block owes to text
+    that reads as furniture (``is_boilerplate``) is taken off again in ``_rank``, for the
+    few blocks that compete. A text that is the page's ``title`` (whitespace aside) is a
+    heading and credits nothing. Returns the block, its score and the runner-up (``_rank``).
     """
+    title_key = _squeeze(title)
     scores: dict[LexborNode, float] = {}
+    credits = _Credits()
 
-    def credit(owner: LexborNode | None, score: float, text: str = "") -> None:
+    def credit(owner: LexborNode | None, score: float, text: str, to_prose: bool = True) -> None:
         if owner is None:
             return
-        if text and prose is not None:
+        if len(text) <= len(title_key) + 8 and title_key and _squeeze(text) == title_key:
+            return
+        if to_prose and prose is not None:
             prose.append(text)
         scores[owner] = scores.get(owner, 0.0) + score
         parent = owner.parent
+        credits.add(owner, parent, text, score)
         if parent is not None:
             scores[parent] = scores.get(parent, 0.0) + score / 2
 
@@ -422,9 +454,10 @@ def _best_container(
             credit(block, score, text)
             held.add(block.mem_id)
         elif thorough and block.tag_id not in _LIST_ITEM_IDS and _is_leaf(block):
-            score = _unit_score(block.text().strip(), _THOROUGH_MIN_PUNCT)
+            text = block.text().strip()
+            score = _unit_score(text, _THOROUGH_MIN_PUNCT)
             if score:
-                credit(block.parent, score * _THOROUGH_WEIGHT)
+                credit(block.parent, score * _THOROUGH_WEIGHT, text, False)
                 held.add(block.mem_id)
     if thorough:
         for br in scan.breaks:
@@ -436,28 +469,122 @@ def _best_container(
             held.add(holder.mem_id)
             if not _is_leaf(holder):  # its deep text would be every block inside it
                 continue
-            score = _unit_score(holder.text().strip(), _THOROUGH_MIN_PUNCT)
+            text = holder.text().strip()
+            score = _unit_score(text, _THOROUGH_MIN_PUNCT)
             if score:
-                credit(holder, score * _THOROUGH_WEIGHT)
-    return _rank(scores)
+                credit(holder, score * _THOROUGH_WEIGHT, text, False)
+    return _rank(scores, credits)
 
 
-def _rank(scores: dict[LexborNode, float]) -> tuple[LexborNode | None, float]:
-    """The best of the scored blocks once discounted by link density and class hints."""
+class _Credits:
+    """Which texts credited which block, so that the score a candidate owes to furniture
+    can be taken off it: only the few candidates ``_rank`` visits are judged, because
+    ``is_boilerplate`` over every paragraph of a page would cost a tenth of extraction."""
+
+    __slots__ = ("by_owner", "judged", "owners_under")
+
+    def __init__(self) -> None:
+        self.by_owner: dict[int, list[tuple[str, float]]] = {}
+        self.owners_under: dict[int, set[int]] = {}
+        self.judged: dict[str, bool] = {}
+
+    def add(self, owner: LexborNode, parent: LexborNode | None, text: str, score: float) -> None:
+        key = owner.mem_id
+        self.by_owner.setdefault(key, []).append((text, score))
+        if parent is not None:
+            self.owners_under.setdefault(parent.mem_id, set()).add(key)
+
+    def _owed(self, key: int) -> float:
+        owed = 0.0
+        for text, score in self.by_owner.get(key, ()):
+            bad = self.judged.get(text)
+            if bad is None:
+                bad = self.judged[text] = is_boilerplate(text.strip())
+            if bad:
+                owed += score
+        return owed
+
+    def furniture(self, node: LexborNode, score: float) -> float:
+        """The part of ``node``'s ``score`` that furniture text gave it: all of it when
+        that is half or more, because the rest of a footer or a rules list is furniture
+        too, though no line of it says so."""
+        key = node.mem_id
+        owed = self._owed(key) + sum(self._owed(k) for k in self.owners_under.get(key, ())) / 2
+        return score if owed >= _FURNITURE_SHARE * score else owed
+
+
+def _rank(
+    scores: dict[LexborNode, float], credits: _Credits
+) -> tuple[LexborNode | None, float, LexborNode | None]:
+    """The best of the scored blocks once discounted by furniture, link density and
+    class hints; and, when the best is small, the runner-up outside it: the block that
+    is the article when the best proves to be a block the host repeats on every page
+    (``neardup.engine.without_template_blocks``)."""
     if not scores:
-        return None, 0.0
+        return None, 0.0, None
     ranked = sorted(scores.items(), key=lambda kv: kv[1], reverse=True)[:_MAX_CANDIDATES]
-    best, best_score = ranked[0][0], -1.0
-    for node, score in ranked:
-        if score * _BEST_HINT <= best_score:
-            break  # the adjustments only shrink a score or raise it by _BEST_HINT at most
-        adjusted = score * (1.0 - _link_density(node)) * _hint(node)
-        if adjusted > best_score:
-            best, best_score = node, adjusted
-    # A container must be a block: unwrapping inline tags later would dissolve it.
-    while best.tag_id in _INLINE_IDS and best.parent is not None:
-        best = best.parent
-    return best, best_score
+    adjusted: dict[int, float] = {}
+
+    def best_of(candidates: list[tuple[LexborNode, float]]) -> tuple[LexborNode | None, float]:
+        best, best_score = None, -1.0
+        for node, score in candidates:
+            if score * _BEST_HINT <= best_score:
+                break  # the adjustments only shrink a score or raise it by _BEST_HINT at most
+            key = node.mem_id
+            if key not in adjusted:
+                # a block this rich in prose is an article, whatever furniture it holds
+                own = (
+                    max(score - credits.furniture(node, score), 0.0)
+                    if score < _JUDGE_BELOW
+                    else score
+                )
+                adjusted[key] = own * (1.0 - _link_density(node)) * _hint(node)
+            if adjusted[key] > best_score:
+                best, best_score = node, adjusted[key]
+        return best, best_score
+
+    best, best_score = best_of(ranked)
+    assert best is not None  # ranked is not empty
+    best = _as_block(best)
+    runner_up = None
+    if best_score < _RUNNER_UP_BELOW:
+        around = _lineage(best)
+        apart = [(n, s) for n, s in ranked if n.mem_id not in around and not _is_under(n, best)]
+        runner_up, runner_score = best_of(apart)
+        if runner_up is not None and runner_score > 0:
+            runner_up = _as_block(runner_up)
+            if runner_up.mem_id in around or _is_under(runner_up, best):
+                runner_up = None
+        else:
+            runner_up = None
+    return best, best_score, runner_up
+
+
+def _as_block(node: LexborNode) -> LexborNode:
+    """A container must be a block: unwrapping inline tags later would dissolve it."""
+    while node.tag_id in _INLINE_IDS and node.parent is not None:
+        node = node.parent
+    return node
+
+
+def _lineage(node: LexborNode) -> set[int]:
+    """``node`` and its ancestors."""
+    out = set()
+    cur: LexborNode | None = node
+    while cur is not None:
+        out.add(cur.mem_id)
+        cur = cur.parent
+    return out
+
+
+def _is_under(node: LexborNode, ancestor: LexborNode) -> bool:
+    key = ancestor.mem_id
+    cur = node.parent
+    while cur is not None:
+        if cur.mem_id == key:
+            return True
+        cur = cur.parent
+    return False
 
 
 def _is_leaf(node: LexborNode) -> bool:
@@ -518,21 +645,44 @@ def _density(html: str, data: bytes) -> _Lines:
     tree = LexborHTMLParser(data)
     body = tree.body
     if body is None:
-        return _lexbor_title(tree, []), [], []
+        return _lexbor_title(tree, []), [], [], []
     scan = _scan(body)
     title = _lexbor_title(tree, scan.h1s)
     prose: list[str] = []
-    container, score = _best_container(scan, thorough=False, prose=prose)
+    container, score, runner_up = _best_container(scan, False, prose, title)
     if score < _WEAK_SCORE:
-        second, second_score = _best_container(scan, thorough=True)
+        second, second_score, second_runner_up = _best_container(scan, True, title=title)
         if second_score > _THOROUGH_MARGIN * score:
-            container = second
+            container, runner_up = second, second_runner_up
     if container is None:
-        return title, [], prose
+        return title, [], prose, []
+    container = _with_sibling_paragraphs(container)
+    return title, _block_lines(container), prose, _block_lines(runner_up) if runner_up else []
+
+
+def _with_sibling_paragraphs(block: LexborNode) -> LexborNode:
+    """The parent of a leaf <div> whose siblings are all leaf <div>s and <p>s, with few
+    links: the article of a page that puts each paragraph in its own <div>, where one long
+    paragraph outscores its short siblings (a list of names, a line without a period)."""
+    parent = block.parent
+    if block.tag_id != _DIV_ID or parent is None or not _is_leaf(block):
+        return block
+    siblings = 0
+    for node in parent.iter():
+        if node.tag_id not in _DIV_OR_P or not _is_leaf(node):
+            return block
+        siblings += 1
+    if siblings < 2 or _link_density(parent) > _SIBLINGS_MAX_LINKS:
+        return block
+    return parent
+
+
+def _block_lines(container: LexborNode) -> list[str]:
+    """The lines of a chosen block, less its junk, hidden and link-list blocks."""
     _prune(container)
     _unwrap_inline(container)
     container.merge_text_nodes()
-    return title, _clean_lines(container.text(separator="\n")), prose
+    return _clean_lines(container.text(separator="\n"))
 
 
 # -------------------------------------------------------------- resiliparse extractor
@@ -557,7 +707,7 @@ def _resiliparse(html: str, data: bytes) -> _Lines:
         alt_texts=False,
         comments=False,
     )
-    return title, _clean_lines(text), []
+    return title, _clean_lines(text), [], []
 
 
 # ------------------------------------------------------------- trafilatura extractor
@@ -581,7 +731,7 @@ def _trafilatura(html: str, data: bytes) -> _Lines:
         with_metadata=False,
     )
     text = getattr(doc, "text", None) if doc is not None else None
-    return title, _clean_lines(text or ""), []
+    return title, _clean_lines(text or ""), [], []
 
 
 _IMPLEMENTATIONS: Final[dict[str, _Extractor]] = {
@@ -590,189 +740,6 @@ _IMPLEMENTATIONS: Final[dict[str, _Extractor]] = {
     "resiliparse": _resiliparse,
     "trafilatura": _trafilatura,
 }
-
-# ------------------------------------------------------------------------ noise filter
-
-# Traditional forms of the characters the noise patterns use. Pages arrive in either
-# script (Big5 sites, reprints converted with OpenCC); every pattern below matches both.
-# A fixed table rather than OpenCC at import time, so that a dictionary update cannot
-# silently change what is extracted; tests check it against OpenCC's s2t/s2hk/s2tw.
-_S2T: Final = {
-    pair[0]: pair[1:]
-    for pair in (
-        "专專 严嚴 为為爲 举舉 习習 于於 仅僅 们們 众眾衆 体體 关關 内內 击擊 "
-        "划劃 创創 别別 制製 务務 发發 台臺 号號 图圖 声聲 复複 实實 审審 "
-        "对對 导導 应應 开開 户戶 扫掃 报報 时時 权權 条條 来來 标標 核覈 "
-        "欢歡 注註 点點 热熱 独獨 监監 码碼 签簽籤 系係 纠糾 经經 绝絕 维維 "
-        "编編 网網 腾騰 荐薦 观觀 视視 览覽 计計 讯訊 许許 论論 设設 评評 "
-        "识識 词詞 该該 请請 读讀 调調 谢謝 责責 资資 赞讚贊 转轉 载載 辑輯 "
-        "还還 进進 选選 郑鄭 链鏈 错錯 键鍵 长長 门門 闭閉 间間 闻聞 阅閱閲 "
-        "页頁 顶頂 须須 顾顧 预預 频頻 题題 马馬"
-    ).split()
-}
-
-
-def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
-    """Compile ``pattern`` so that each of its Simplified characters also matches its
-    Traditional form: "责任编辑" becomes "[责責]任[编編][辑輯]"."""
-    out: list[str] = []
-    in_class = escaped = False
-    for ch in pattern:
-        trad = _S2T.get(ch)
-        if escaped:
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch == "[" and not in_class:
-            in_class = True
-        elif ch == "]" and in_class:
-            in_class = False
-        if trad is None:
-            out.append(ch)
-        else:
-            out.append(ch + trad if in_class else f"[{ch}{trad}]")
-    return re.compile("".join(out), flags)
-
-
-# One row per kind of line that reprinting sites add: (longest line it may drop,
-# pattern). The length cap is what keeps the filter conservative: a real sentence that
-# merely mentions 来源 or 转载 is long and survives. Rows in _NOISE_AT_START must match
-# at the start of the line; rows in _NOISE_ANYWHERE may match anywhere in it.
-_OPEN = r"[【\[（(]?\s*"  # an optional opening bracket: "【责任编辑：张三】"
-_LABELS = (
-    r"责任编辑|编辑|责编|实习编辑|值班编辑|主编|编审|审校|校对|审核|监制|"
-    r"来源|本文来源|文章来源|稿件来源|新闻来源|消息来源|信息来源|图片来源|图源|资料来源|"
-    r"原标题|本文原标题|原题|作者|出品|策划|排版|制图|设计|标签|关键词|关键字"
-)
-_NOISE_AT_START: Final[tuple[tuple[int, re.Pattern[str]], ...]] = (
-    # Editor/source/author bylines: "责任编辑：张三", "来源：新华社", "原标题：……".
-    (60, _rx(rf"{_OPEN}(?:{_LABELS})\s*[：:]")),
-    # The same labels in brackets with a space instead of a colon: "（编辑 张三）".
-    (40, _rx(rf"[【\[（(]\s*(?:{_LABELS})\s*[^】\]）)]{{0,30}}[】\]）)]$")),
-    # "（原题为《……》）": the pre-edit headline, a title, not text.
-    (100, _rx(rf"{_OPEN}(?:本文)?原(?:标)?题(?:为|是)?\s*[：:《“]")),
-    # A date line carrying the source: "2019-08-28 09:20 来源：红周刊 作者：李四".
-    (80, _rx(r"\d{4}[-年/.]\d{1,2}[-月/.]\d{1,2}.{0,24}(?:来源|作者|编辑)\s*[：:]")),
-    # Provenance: "本文为某某原创", "（本文系……独家稿件）", "（本文来自澎湃新闻）".
-    (100, _rx(rf"{_OPEN}本文(?:为|系|是|由)[^。]{{0,40}}(?:原创|独家|授权|稿件|首发)")),
-    (100, _rx(rf"{_OPEN}本文(?:来自|转自|转载自|选自|摘自|首发于|首发自)")),
-    # Disclaimers: "免责声明：本文仅代表作者本人观点……", "本文仅代表作者观点，不代表网易意见",
-    # "平台声明：该文观点仅代表作者本人……", "声明：本站力求信息真实……".
-    (200, _rx(rf"{_OPEN}(?:免责|版权|特别|郑重|平台)?声明\s*[：:】\]]")),
-    (150, _rx(rf"{_OPEN}(?:本文|以上|文章|此文|该文)[^。]{{0,30}}(?:仅代表|不代表)")),
-    # Share widgets: "分享到：微信 微博 QQ空间", or the bare row of targets.
-    (60, _rx(r"(?:分享到|分享至|一键分享)")),
-    (
-        60,
-        _rx(
-            r"(?:(?:微信|朋友圈|微博|新浪微博|腾讯微博|QQ空间|QQ好友|QQ|豆瓣|人人网|复制链接|"
-            r"二维码|Facebook|WhatsApp|Twitter|Line|更多)\s*)+$"
-        ),
-    ),
-    # Page widgets: "调整字体", "字号：大 中 小", "【打印】【关闭】", "点赞 在看 分享 收藏".
-    (
-        30,
-        _rx(
-            r"(?:[【\[]?(?:调整字体|字号|字体|打印|关闭|收藏|纠错|举报|点赞|在看|分享|赞|"
-            r"转发|留言|评论)[：:\s大中小\d]*[】\]]?\s*)+$"
-        ),
-    ),
-    # Calls to follow or install: "扫码关注我们", "扫二维码上移动长江网", "关注微信公众号",
-    # "点击上方蓝字关注我们".
-    (60, _rx(r"扫码|(?:扫一扫|扫描|长按|识别|扫)[^。]{0,16}二维码")),
-    (50, _rx(r"(?:欢迎)?关注(?:我们|本站|微信|官方微信|公众号|微信公众号)")),
-    (30, _rx(r"点击上方.{0,8}关注")),
-    # Anchored at both ends: "用户可下载该APP预约" is a sentence, "下载网易新闻客户端" is not.
-    (40, _rx(r"(?:点击|立即|马上)?(?:下载|打开)[^，。！]{0,10}(?:客户端|APP|App|app)\S{0,8}$")),
-    # Navigation leftovers: "返回搜狐，查看更多", "返回腾讯网首页>>", "展开全文", "上一篇：……",
-    # WeChat's "预览时标签不可点".
-    (
-        40,
-        _rx(
-            r"返回\S{1,8}[，,]\s*查看更多|返回\S{0,8}首页|返回顶部|查看更多|点击查看|展开全文|"
-            r"阅读全文|查看原文|阅读原文|点击阅读|上一篇|下一篇|打印本页|关闭窗口|预览时标签不可点"
-        ),
-    ),
-    # Counters, stamps and end marks with no words: "157", "2019-09-06 107", "— END —".
-    (20, _rx(r"[\d\s:/.\-年月日]+$")),
-    (12, _rx(r"[-—–\s]*END[-—–\s]*$")),
-)
-_NOISE_ANYWHERE: Final[tuple[tuple[int, re.Pattern[str]], ...]] = (
-    # Copyright footers: "版权所有 ©2019 某某网", "Copyright 2019 ... All Rights Reserved".
-    # "版权所有人" is a legal term in ordinary sentences, hence the look-ahead.
-    (
-        120,
-        _rx(r"版权所有(?![人者权權])|©|Copyright|All Rights Reserved|\(c\)\s*\d{4}", re.I),
-    ),
-    # Reprint notices. Both need an imperative (禁止/不得/请注明), so "未经授权转载原告作品"
-    # in a court report does not match.
-    (120, _rx(r"未经.{0,16}(?:授权|许可|同意).{0,6}(?:禁止|不得|严禁|谢绝|请勿)")),
-    (120, _rx(r"(?:转载|转发|引用)[^，。]{0,8}(?:请|须|务必|必须)[^，。]{0,4}注明")),
-)
-_NOISE_MAX: Final = max(limit for limit, _ in _NOISE_AT_START + _NOISE_ANYWHERE)
-
-
-def _union(rows: tuple[tuple[int, re.Pattern[str]], ...]) -> re.Pattern[str]:
-    return re.compile(
-        "|".join(
-            f"(?i:{pat.pattern})" if pat.flags & re.IGNORECASE else f"(?:{pat.pattern})"
-            for _, pat in rows
-        )
-    )
-
-
-# Each table as one pattern: one match and one search rule out nearly every line before
-# the rows are tried one by one for their length caps.
-_ANY_AT_START: Final = _union(_NOISE_AT_START)
-_ANY_ANYWHERE: Final = _union(_NOISE_ANYWHERE)
-# The characters an _NOISE_ANYWHERE match can start with. A one-character-class search
-# runs at memchr speed; the union above costs 6 µs on a 100-character paragraph, and every
-# paragraph is checked while the article container is being chosen.
-_ANYWHERE_FIRST: Final = re.compile(r"[版©未转轉引(cCaA]")
-
-
-def _is_noise(line: str) -> bool:
-    if len(line) > _NOISE_MAX:
-        return False
-    if _ANY_AT_START.match(line) and any(
-        len(line) <= limit and pat.match(line) for limit, pat in _NOISE_AT_START
-    ):
-        return True
-    return bool(_ANYWHERE_FIRST.search(line) and _ANY_ANYWHERE.search(line)) and any(
-        len(line) <= limit and pat.search(line) for limit, pat in _NOISE_ANYWHERE
-    )
-
-
-# Headings of link lists: "相关阅读", "延伸 · 推荐", "APP精彩推荐：", "点击进入专题>>". Only
-# the heading alone or followed by a colon/arrow: "推荐阅读这本书的理由" is a sentence.
-_RELATED_HEADING: Final = _rx(
-    r"^[【\[]?\w{0,4}?(?:(?:相关|延伸|推荐|精彩|热门|热点|更多|猜你|往期|今日)\s*[·•]?\s*"
-    r"(?:阅读|新闻|文章|报道|链接|推荐|内容|资讯|专题|视频|图集|喜欢|回顾|热点)|"
-    r"(?:点击)?进入专题|喜欢此内容的人还喜欢)[】\]]?\s*(?:[：:>＞》»]|&gt;|$)"
-)
-_RELATED_HEADING_MAX: Final = 40
-# A line after such a heading is a link title while it is short and has no sentence
-# punctuation; at most this many are dropped, so that a heading cannot eat an article.
-_LINK_TITLE: Final = re.compile(r"^[^，。；,;]{1,40}$")
-_LINK_TITLES_AFTER_HEADING: Final = 12
-
-
-def strip_noise(paragraphs: Iterable[str]) -> tuple[str, ...]:
-    """Drop the template lines reprinting sites add; keep everything else in order."""
-    kept: list[str] = []
-    skipping = 0  # link-title lines still allowed to drop after a related heading
-    for line in paragraphs:
-        if len(line) <= _RELATED_HEADING_MAX and _RELATED_HEADING.match(line):
-            skipping = _LINK_TITLES_AFTER_HEADING
-            continue
-        if skipping and _LINK_TITLE.match(line):
-            skipping -= 1
-            continue
-        skipping = 0
-        if not _is_noise(line):
-            kept.append(line)
-    return tuple(kept)
-
 
 # ------------------------------------------------------------------------------ stage
 
@@ -840,11 +807,12 @@ def extract(decoded: Decoded, extractor: str = DEFAULT_EXTRACTOR) -> Extracted |
         detail = f"elements nested about {depth} deep, more than {_MAX_DEPTH}"
         return Rejected(Reason.TOO_LARGE, detail, page.page_id, page.url)
     try:
-        title, lines, prose = impl(html, data)
+        title, lines, prose, runner_up = impl(html, data)
         paragraphs = strip_noise(_drop_title_lines(title, lines))
+        alternative = strip_noise(_drop_title_lines(title, runner_up))
     except Exception as exc:  # a parser failure on one page is data, not a crash
         detail = f"{extractor}: {type(exc).__name__}: {exc}"[:300]
         return Rejected(Reason.INTERNAL, detail, page.page_id, page.url)
     if not paragraphs:
         return Rejected(Reason.NO_TEXT, f"{extractor}: no main text", page.page_id, page.url)
-    return Extracted(page, title, paragraphs, tuple(prose))
+    return Extracted(page, title, paragraphs, tuple(prose), alternative)

@@ -103,6 +103,9 @@ class Extracted:
     #: learned template filter only: a template's leftover paragraph is template text
     #: whether or not the extractor took it into a given page's main text.
     prose: tuple[str, ...] = ()
+    #: The runner-up block's paragraphs (the density extractor's, when its best block is
+    #: small): the article when the best proves to be a block the host repeats.
+    alternative: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:

@@ -57,19 +57,31 @@ class TemplateFilter:
         return hash64(host).to_bytes(8, "big")
 
     def filter(
-        self, host: str, strings: Sequence[int], also: Sequence[int] = ()
+        self,
+        host: str,
+        strings: Sequence[int],
+        also: Sequence[int] = (),
+        blocks: Sequence[int] = (),
+        also_blocks: Sequence[int] = (),
     ) -> tuple[set[int], int]:
-        """Which of ``strings`` are template text for ``host``; then count this page in,
-        with ``also`` (strings the page carries outside its main text).
+        """Which of ``strings`` and ``blocks`` are template text for ``host``; then count
+        this page in, with ``also`` and ``also_blocks`` (what the page carries outside its
+        main text).
 
-        Returns the template strings and how many pages of the host were seen before.
+        ``strings`` are period strings, template when on ``template_min_df`` earlier pages;
+        ``blocks`` are whole lines (``neardup.engine.block_key``), template from
+        ``template_block_min_df`` and ``template_block_frac`` of the host's pages: a line
+        of twenty characters or more repeated word for word on most of a host's pages is
+        its template, and must be known before the eighth page, because until then it
+        merges every page that carries it. Returns the template strings and blocks and how
+        many pages of the host were seen before.
         """
         hk = self._host_key(host)
         raw_host, raw_ends = self.kv.get_many([b"H" + hk, _QUEUE_ENDS])
         seen, place = _host_record(raw_host)
         window = self.cfg.template_window
         gen = seen // window
-        distinct = sorted(set(strings).union(also))
+        distinct = sorted(set(strings).union(also, blocks, also_blocks))
         cur = [b"T" + hk + gen.to_bytes(4, "big") + s.to_bytes(8, "big") for s in distinct]
         prev = (
             [b"T" + hk + (gen - 1).to_bytes(4, "big") + s.to_bytes(8, "big") for s in distinct]
@@ -84,8 +96,13 @@ class TemplateFilter:
                     counts[i] += _COUNT.unpack(v)[0]
         in_window = seen if gen == 0 else window + seen % window
         need = max(self.cfg.template_min_df, self.cfg.template_frac * in_window)
-        mine = set(strings)
-        template = {s for s, c in zip(distinct, counts, strict=True) if c >= need and s in mine}
+        need_block = max(self.cfg.template_block_min_df, self.cfg.template_block_frac * in_window)
+        mine, my_blocks = set(strings), set(blocks)
+        template = {
+            s
+            for s, c in zip(distinct, counts, strict=True)
+            if (c >= need and s in mine) or (c >= need_block and s in my_blocks)
+        }
 
         cur_counts = [_COUNT.unpack(v)[0] if v else 0 for v in values[: len(cur)]]
         writes = [(k, _COUNT.pack(c + 1)) for k, c in zip(cur, cur_counts, strict=True)]

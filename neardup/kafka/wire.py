@@ -97,7 +97,9 @@ def analysed_from_json(obj: dict[str, Any]) -> Analysed:
         if "shingle_pieces" in fps_obj:  # written before piece_chars replaced it
             fps_obj = _with_piece_chars(fps_obj)
         fps = Fingerprints(**{name: dec(fps_obj[name]) for name, _, dec in _FPS_FIELDS})
-        rest = {name: dec(obj[name]) for name, _, dec in _ANALYSED_FIELDS}
+        # A field missing from a message or pending page of an older version takes its
+        # default (Analysed refuses the record if the field has none).
+        rest = {name: dec(obj[name]) for name, _, dec in _ANALYSED_FIELDS if name in obj}
         return Analysed(page=page, fps=fps, **rest)
     except (KeyError, TypeError, ValueError) as exc:
         raise WireError(f"not an analysed page: {exc!r}") from exc

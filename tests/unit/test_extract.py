@@ -19,8 +19,9 @@ from tests.corpus import in_a_process
 GOLD = Path(__file__).resolve().parents[1] / "fixtures" / "gold" / "extraction"
 
 # Gold-set gate for the default extractor. Lowering a minimum is a visible, explained change.
-MIN_INCLUDE_RECALL = 0.95  # share of must-include sentences found in the main text
-MAX_EXCLUDE_LEAK = 0.05  # share of must-exclude template strings that leak into it
+# Measured when pinned: recall 1.000, leak 0.000, titles 1.000 over the twelve pages.
+MIN_INCLUDE_RECALL = 0.97  # share of must-include sentences found in the main text
+MAX_EXCLUDE_LEAK = 0.03  # share of must-exclude template strings that leak into it
 MIN_TITLE_MATCH = 0.9  # share of pages whose title is exactly the expected one
 
 
