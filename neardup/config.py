@@ -51,18 +51,46 @@ class EngineConfig:
     #: >= ``jaccard_simhash`` when the SimHash rule holds); containment needs the smaller
     #: page's 5-grams to be >= ``containment_min`` inside the larger.
     sketch_size: int = 128
+    #: A page with at most this many distinct 5-grams keeps all of them instead of a
+    #: sketch, and two such pages are compared exactly: on short texts the sketch's error
+    #: (about 0.04) is as wide as the gap between a light edit and a formulaic text. A
+    #: whole set is known by its length, so stored values read right under any setting.
+    exact_shingles: int = 640
+    #: Such a short page is also posted under its ``minhash_keys`` smallest 5-gram
+    #: hashes, and an earlier short page sharing ``minhash_shared`` of them is verified:
+    #: a light edit can change every sentence ending of a short text (``neardup.index``).
+    minhash_keys: int = 8
+    minhash_shared: int = 2
     jaccard_min: float = 0.72
-    jaccard_simhash: float = 0.5
+    #: ... the resemblance asked of a SimHash candidate. The SimHash covers the whole text,
+    #: template sentences too, so its agreement says nothing of the article: the same as
+    #: ``jaccard_min`` by default, which makes a match rest on the article's 5-grams.
+    jaccard_simhash: float = 0.72
     containment_min: float = 0.85
     #: ... and containment also needs this share of the smaller page's period strings in
     #: the other page: formulaic texts share 5-grams but differ in sentence endings.
     ccs_contain: float = 0.7
     #: A page with at most this share of the other's 5-grams is `contained`, not `duplicate`.
     contain_ratio: float = 0.8
+    #: A page contained in an earlier page and in a later one joins them both when it is
+    #: at least this share of the later page (an excerpt published first); a smaller one
+    #: is text that unrelated pages share and may not bridge them (``Engine``).
+    excerpt_share: float = 0.5
+    #: ... or when the later page shares with another page of that cluster at least this
+    #: much more of its 5-grams than the contained page makes up (a full copy edited
+    #: apart from the first full copy).
+    excerpt_margin: float = 0.15
     #: Learned template filter: a period string seen in at least ``template_min_df``
     #: earlier pages of the same host, and in at least ``template_frac`` of them, is dropped.
     template_min_df: int = 8
     template_frac: float = 0.002
+    #: ... and a whole main-text line (``neardup.engine.block_key``) seen on at least
+    #: ``template_block_min_df`` earlier pages of the host, and on at least
+    #: ``template_block_frac`` of them, is dropped; when the main text was nothing else,
+    #: the runner-up block is the text. The share tells a template's block (on most of
+    #: a host's pages) from a story the host carries twice or three times (a duplicate).
+    template_block_min_df: int = 2
+    template_block_frac: float = 0.3
     #: Template counts cover a host's last ``template_window`` to ``2 * template_window``
     #: pages; older counts are deleted, which bounds the state per host.
     template_window: int = 5000
@@ -104,13 +132,19 @@ class EngineConfig:
             raise ValueError(f"C({self.blocks}, {self.k1}) = {self.tables} tables is too many")
         if not 8 <= self.key_bits <= 64:
             raise ValueError(f"tables would key on {self.key_bits} bits; choose more blocks")
-        for name in ("keywords", "window", "period_len", "ccs_min_shared", "template_min_df"):
+        for name in (
+            "keywords", "window", "period_len", "ccs_min_shared", "template_min_df",
+            "template_block_min_df",
+        ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         for name in (
             "ccs_min",
             "contain_ratio",
+            "excerpt_share",
+            "excerpt_margin",
             "template_frac",
+            "template_block_frac",
             "jaccard_min",
             "jaccard_simhash",
             "containment_min",
@@ -125,6 +159,10 @@ class EngineConfig:
             raise ValueError("template_hosts must be >= 2")
         if not 16 <= self.sketch_size <= 4096:
             raise ValueError("sketch_size must be in [16, 4096]")
+        if not 0 <= self.exact_shingles <= 65536:
+            raise ValueError("exact_shingles must be in [0, 65536]")
+        if not 0 <= self.minhash_keys <= 64 or self.minhash_shared < 1:
+            raise ValueError("minhash_keys must be in [0, 64] and minhash_shared >= 1")
         if self.bucket_cap < 16:
             raise ValueError("bucket_cap must be >= 16")
         if self.retention_days < 0 or self.min_text_chars < 0 or self.max_bytes < 1024:

@@ -1,11 +1,14 @@
 """The decision rule: a pure function of a page's fingerprints and what the index found.
 
 Candidates come from the two SimHash indexes (the dual-threshold rule: D1 <= k1, or
-k1 < D1 <= k2 and D2 <= k1) and from the period-string index (CCS >= ccs_min). Each is then
-verified on character 5-grams, estimated from bottom-k sketches:
+k1 < D1 <= k2 and D2 <= k1), from the period-string index (CCS >= ccs_min) and, for short
+pages, from their smallest 5-gram hashes (``neardup.index``). Each is then verified on
+character 5-grams, estimated from bottom-k sketches, or exactly when both pages are short
+enough to keep their whole sets (``exact_shingles``):
 
 * duplicate: resemblance J >= jaccard_min, or J >= jaccard_simhash for a SimHash candidate;
-* otherwise, when the smaller page's 5-grams are >= containment_min inside the other:
+* otherwise, when the smaller page's 5-grams are >= containment_min inside the other,
+  and CCS >= ccs_contain (unless a page has no period string, when CCS says nothing):
   contained (this page is the smaller), contains (the earlier page is), or duplicate
   when the two are of similar size.
 
@@ -41,6 +44,9 @@ class Match:
     similarity: float  # 5-gram resemblance for duplicates, containment for containment
     order: int
     by_simhash: bool  # found by the SimHash rule, else by period strings
+    #: The smaller page's distinct 5-grams over the larger's: an excerpt is a good part
+    #: of its full text, a shared block a small part of the pages around it.
+    share: float = 1.0
 
     def sort_key(self) -> tuple[bool, int, float, int, int]:
         simhash_dup = self.by_simhash and self.kind is Kind.DUPLICATE
@@ -57,6 +63,8 @@ class Candidate:
     ccs: float  # shared period strings / the smaller page's strings
     order: int
     by_simhash: bool  # passes the dual-threshold SimHash rule
+    #: The fewer period strings of the two pages: with none, CCS says nothing.
+    strings: int = 1
 
 
 def candidates(
@@ -68,17 +76,19 @@ def candidates(
         int(e["pid"]): float(shared) / max(1, min(n_self, int(e["n"])))
         for e, shared in zip(found.shared, found.shared_counts, strict=True)
     }
+    close = {int(pid) for pid in found.close["pid"]}
     out: dict[int, Candidate] = {}
-    tagged = [(e, True) for e in found.near] + [(e, False) for e in found.shared]
+    tagged = [(e, True) for e in found.near] + [(e, False) for e in (*found.shared, *found.close)]
     for e, by_simhash in tagged:
         pid = int(e["pid"])
         if pid == self_pid or pid in out:
             continue
         ccs = ccs_of.get(pid, 0.0)
-        if by_simhash or ccs >= cfg.ccs_min:
+        if by_simhash or ccs >= cfg.ccs_min or pid in close:
             d1 = (int(e["fp1"]) ^ fps.fp1).bit_count()
             d2 = (int(e["fp2"]) ^ fps.fp2).bit_count()
-            out[pid] = Candidate(pid, d1, d2, ccs, int(e["order"]), by_simhash)
+            fewer = min(n_self, int(e["n"]))
+            out[pid] = Candidate(pid, d1, d2, ccs, int(e["order"]), by_simhash, fewer)
     return out
 
 
@@ -87,8 +97,10 @@ def matches(
     cands: dict[int, Candidate],
     sketches: dict[int, tuple[int, bytes]],
     cfg: EngineConfig,
+    covered: dict[int, float] | None = None,
 ) -> list[Match]:
-    """The verified candidates, as matches, best first."""
+    """The verified candidates, as matches, best first. ``covered``, when given, gets for
+    every candidate compared the share of this page's 5-grams found in it."""
     out: list[Match] = []
     for pid, cand in cands.items():
         d1, order, by_simhash = cand.d1, cand.order, cand.by_simhash
@@ -96,14 +108,17 @@ def matches(
             continue  # dropped by retention between the lookup and now
         n_other, sketch = sketches[pid]
         jac, cont = resemblance(fps.sketch, fps.shingles, sketch, n_other, cfg.sketch_size)
+        share = min(fps.shingles, n_other) / max(1, fps.shingles, n_other)
+        if covered is not None:
+            covered[pid] = cont * min(fps.shingles, n_other) / max(1, fps.shingles)
         if jac >= (cfg.jaccard_simhash if by_simhash else cfg.jaccard_min):
-            out.append(Match(pid, Kind.DUPLICATE, d1, jac, order, by_simhash))
-        elif cont >= cfg.containment_min and cand.ccs >= cfg.ccs_contain:
+            out.append(Match(pid, Kind.DUPLICATE, d1, jac, order, by_simhash, share))
+        elif cont >= cfg.containment_min and (cand.ccs >= cfg.ccs_contain or not cand.strings):
             if fps.shingles <= cfg.contain_ratio * n_other:
                 kind = Kind.CONTAINED
             elif n_other <= cfg.contain_ratio * fps.shingles:
                 kind = Kind.CONTAINS
             else:
                 kind = Kind.DUPLICATE
-            out.append(Match(pid, kind, d1, cont, order, by_simhash))
+            out.append(Match(pid, kind, d1, cont, order, by_simhash, share))
     return sorted(out, key=Match.sort_key)

@@ -49,6 +49,14 @@ TEMPLATE_ONLY_SHARE = 0.2
 #: The template filter counts at most this many of a page's prose strings (the lowest
 #: hashes): a page with thousands of comments must not write thousands of counts.
 MAX_PROSE_STRINGS = 256
+#: A main-text line this long or longer counts in the host's template statistics as a
+#: block (``block_key``); shorter lines are bylines and labels, left to ``strip_noise``.
+BLOCK_MIN_CHARS = 20
+#: A page whose main text is at most this long carries it (and the runner-up block) to the
+#: template stage, which fingerprints what is left once the host's template lines are
+#: dropped. A template block that wins the main text is at most a few hundred characters;
+#: a longer main text has its article in it, and the period-string filter suffices.
+SWITCH_MAX_CHARS = 3000
 STAGES = ("decode", "extract", "normalise", "template", "fingerprint", "index", "cluster")
 
 
@@ -100,6 +108,21 @@ class Analysed:
     #: template filter counts them with the main text's, so that a template's leftover
     #: paragraph is learned as template also from the pages whose main text left it out.
     prose_strings: tuple[int, ...] = ()
+    #: Block keys (``block_key``) of each main-text line (0: too short to count), of each
+    #: line of the runner-up block, and of the page's prose. The template filter counts
+    #: them per host: a line on many of a host's pages is template, however its sentences
+    #: end, and a main text made of such lines gives way to the runner-up block.
+    line_keys: tuple[int, ...] = ()
+    alt_keys: tuple[int, ...] = ()
+    prose_keys: tuple[int, ...] = ()
+    #: The normalised main text and runner-up block, for a main text of at most
+    #: ``SWITCH_MAX_CHARS`` (else empty): what the template stage fingerprints again.
+    text: str = ""
+    alt_text: str = ""
+    #: The primary fingerprint of the main text as extracted, when the template stage
+    #: fingerprinted other text (0: ``fps.fp1`` is it). Decisions report it, so that a
+    #: page seen again is known by what it carries (``conflicts_with``).
+    extracted_fp: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +245,9 @@ def analyse(  # noqa: PLR0911
     if isinstance(extracted, Rejected):
         return extracted
     with st.timed("normalise"):  # the prose too (for the template filter, below)
-        text, prose_text = normalise_many([extracted.text, "\n".join(extracted.prose)])
+        text, prose_text, alt_text = normalise_many(
+            [extracted.text, "\n".join(extracted.prose), "\n".join(extracted.alternative)]
+        )
     if len(text) < cfg.min_text_chars:
         return Rejected(
             Reason.NO_TEXT,
@@ -239,6 +264,10 @@ def analyse(  # noqa: PLR0911
         return Rejected(Reason.NO_TEXT, "fewer than two words of main text", page.page_id, page.url)
     with st.timed("template"):
         prose = prose_strings(prose_text, cfg)
+        line_keys = tuple(map(block_key, text.split("\n")))
+        alt_keys = tuple(map(block_key, alt_text.split("\n"))) if alt_text else ()
+        prose_keys = {k for k in map(block_key, prose_text.split("\n")) if k}
+        switchable = len(text) <= SWITCH_MAX_CHARS
     return Analysed(
         page,
         page_pid(page.page_id),
@@ -250,6 +279,11 @@ def analyse(  # noqa: PLR0911
         decoded.charset,
         decoded.layer,
         prose_strings=prose,
+        line_keys=line_keys,
+        alt_keys=alt_keys,
+        prose_keys=tuple(sorted(prose_keys)[:MAX_PROSE_STRINGS]),
+        text=text if switchable else "",
+        alt_text=alt_text if switchable else "",
     )
 
 
@@ -279,6 +313,33 @@ def prose_strings(prose: str, cfg: EngineConfig) -> tuple[int, ...]:
     return tuple(period_hashes(prose, cfg.period_len)[:MAX_PROSE_STRINGS])
 
 
+def block_key(line: str) -> int:
+    """A main-text or prose line's key in the host's template counts; 0 for a short line.
+    Whitespace is left out; the prefix keeps block keys apart from period-string hashes."""
+    squeezed = "".join(line.split())
+    if len(squeezed) < BLOCK_MIN_CHARS:
+        return 0
+    return hash64("\x00block\x00" + squeezed)
+
+
+def without_template_blocks(a: Analysed, template: set[int], cfg: EngineConfig) -> Analysed:
+    """The page with its main-text lines that are template blocks of its host dropped,
+    fingerprinted again: when nothing worth comparing is left, the runner-up block less
+    its own template lines; when that is empty too, the page is template-only. A page
+    that carries no text (a long main text) or no template line is returned as it is."""
+    if not a.text or not any(k in template for k in a.line_keys if k):
+        return a
+    kept = [x for x, k in zip(a.text.split("\n"), a.line_keys, strict=True) if k not in template]
+    if sum(map(len, kept)) < cfg.min_text_chars and a.alt_text:
+        alt = a.alt_text.split("\n")
+        kept = [x for x, k in zip(alt, a.alt_keys, strict=True) if k not in template]
+    chars = sum(map(len, kept))
+    fps = fingerprint("\n".join(kept), cfg) if chars >= cfg.min_text_chars else None
+    if fps is None or fps.words < 2:
+        return replace(a, template_only=True)
+    return replace(a, fps=fps, text_chars=chars, extracted_fp=a.extracted_fp or a.fps.fp1)
+
+
 def conflicts_with(decision: Mapping[str, Any], a: Analysed) -> bool:
     """Whether ``a`` carries other content than the page its id was decided as: its
     primary fingerprint differs from the stored decision's (the fingerprint covers the
@@ -291,9 +352,9 @@ def without_template(a: Analysed, template: set[int], cfg: EngineConfig) -> Anal
     strings) and from the verification sketch. SimHash keeps the whole text."""
     if not template:
         return a
-    fps = a.fps.without(template, cfg.sketch_size)
+    fps = a.fps.without(template, cfg.sketch_size, cfg.exact_shingles)
     only = not fps.strings and fps.shingles <= TEMPLATE_ONLY_SHARE * a.fps.shingles
-    return replace(a, fps=fps, template_only=only)
+    return replace(a, fps=fps, template_only=only or a.template_only)
 
 
 def for_decision(a: Analysed) -> Analysed:
@@ -301,10 +362,16 @@ def for_decision(a: Analysed) -> Analysed:
     fingerprints and the prose's period strings. What the stages after the filter keep of
     a page (the worker's pages in flight are stored so): the decision reads neither."""
     fps = a.fps
-    if not (fps.piece_strings or fps.shingle_hashes or fps.piece_chars or a.prose_strings):
+    if not (
+        fps.piece_strings or fps.shingle_hashes or fps.piece_chars or a.prose_strings
+        or a.line_keys or a.alt_keys or a.prose_keys or a.text or a.alt_text
+    ):  # fmt: skip
         return a
     slim = replace(fps, piece_strings=b"", shingle_hashes=b"", piece_chars=b"")
-    return replace(a, fps=slim, prose_strings=())
+    return replace(
+        a, fps=slim, prose_strings=(), line_keys=(), alt_keys=(), prose_keys=(), text="",
+        alt_text="",
+    )  # fmt: skip
 
 
 def decision_message(
@@ -312,6 +379,7 @@ def decision_message(
     best: Match | None,
     *,
     duplicate_of: str | None,
+    duplicate_of_url: str | None,
     cluster_id: str,
     engine_info: dict[str, str],
     decided_at: str,
@@ -322,16 +390,36 @@ def decision_message(
         "url": a.page.url,
         "decision": str(best.kind if best else Kind.UNIQUE),
         "duplicate_of": duplicate_of,
+        "duplicate_of_url": duplicate_of_url,
         "cluster_id": cluster_id,
         "distance": best.distance if best else None,
         "similarity": round(best.similarity, 4) if best else None,
-        "fingerprint": f"{a.fps.fp1:016x}",
+        "fingerprint": f"{a.extracted_fp or a.fps.fp1:016x}",
         "title": a.title,
         "text_chars": a.text_chars,
         "charset": {"name": a.charset, "layer": a.layer},
         "decided_at": decided_at,
         "engine": engine_info,
     }
+
+
+def stored_decision(clusters: Clusters, rec: Mapping[str, object]) -> dict[str, Any]:
+    """The decision kept in a page record, in the published form: one stored without
+    ``duplicate_of_url`` (written before decisions carried it) gets the URL from the
+    matched page's record, so that a page seen again is answered in the current schema
+    and state written then is still read."""
+    decision: dict[str, Any] = dict(rec["decision"])  # type: ignore[call-overload]
+    if "duplicate_of_url" in decision:
+        return decision
+    dup = decision.get("duplicate_of")
+    other = clusters.page(page_pid(str(dup))) if dup is not None else None
+    url = str(other["url"]) if other is not None else None
+    out: dict[str, Any] = {}
+    for key, value in decision.items():
+        out[key] = value
+        if key == "duplicate_of":
+            out["duplicate_of_url"] = url
+    return out
 
 
 class Engine:
@@ -364,7 +452,14 @@ class Engine:
         """The page without its host's template sentences; counts the page in its host's
         template statistics."""
         with self.stats.timed("template"):
-            template, _ = self.templates.filter(a.host, a.fps.strings, a.prose_strings)
+            template, _ = self.templates.filter(
+                a.host,
+                a.fps.strings,
+                a.prose_strings,
+                blocks=[k for k in a.line_keys if k],
+                also_blocks=[k for k in (*a.alt_keys, *a.prose_keys) if k],
+            )
+            a = without_template_blocks(a, template, self.cfg)
         self.stats.template_dropped += len(template)
         return without_template(a, template, self.cfg)
 
@@ -382,7 +477,9 @@ class Engine:
             found = self.index.lookup(a.fps, a.order)
             cands = {} if a.template_only else candidates(a.fps, found, self.cfg, a.pid)
             sketches = self.index.sketches(list(cands))
-            found_matches = self._without_bridges(matches(a.fps, cands, sketches, self.cfg))
+            covered: dict[int, float] = {}
+            verified = matches(a.fps, cands, sketches, self.cfg, covered)
+            found_matches = self._without_bridges(verified, covered)
         with self.stats.timed("cluster"):
             page_id = a.page.page_id
             record: dict[str, Any] = {"page_id": page_id, "url": a.page.url, "order": a.order}
@@ -395,6 +492,7 @@ class Engine:
                 a,
                 best,
                 duplicate_of=str(other["page_id"]) if other else None,
+                duplicate_of_url=str(other["url"]) if other else None,
                 cluster_id=root.page_id,
                 engine_info=self.engine_info,
                 decided_at=now,
@@ -411,7 +509,7 @@ class Engine:
 
     def _repeated(self, a: Analysed, rec: dict[str, object]) -> Outcome:
         """The stored decision for a page id decided before, flagged if the content differs."""
-        decision = dict(rec["decision"])  # type: ignore[call-overload]
+        decision = stored_decision(self.clusters, rec)
         self.stats.repeated += 1
         conflict = conflicts_with(decision, a)
         if conflict:
@@ -425,7 +523,7 @@ class Engine:
             )
         return Outcome(decision, (), True, conflict)
 
-    def _without_bridges(self, found: list[Match]) -> list[Match]:
+    def _without_bridges(self, found: list[Match], covered: Mapping[int, float]) -> list[Match]:
         """The matches that may join clusters: containment must not bridge unrelated
         clusters through text they share (a boilerplate block on pages of one site, or of
         sites that share a publisher), which chains every page that carries it.
@@ -433,8 +531,11 @@ class Engine:
         * A page contained in pages of several clusters, and a duplicate of none, is text
           they have in common: it joins its best match only and merges nothing.
         * A page whose only matches in a cluster are pages it contains that are already
-          contained in another page is a third page around the same shared text: it
-          joins nothing there (a real copy would also match the other container).
+          contained in another page, each a small part of it (under ``excerpt_share``),
+          is a third page around the same shared text: it joins nothing there, unless it
+          shares with another page of that cluster clearly more than the contained page
+          explains (``excerpt_margin``). That is a full copy of a story whose excerpt
+          came first, and full copies edited apart need not match each other.
         """
         if not found:
             return found
@@ -445,14 +546,31 @@ class Engine:
         for m in found:
             by_root.setdefault(roots[m.pid], []).append(m)
         kept: list[Match] = []
-        for group in by_root.values():
-            if not all(m.kind is Kind.CONTAINS and self._is_contained(m.pid) for m in group):
+        for root, group in by_root.items():
+            if not all(self._is_bridge(m) for m in group) or self._beyond_excerpt(
+                root, group, covered
+            ):
                 kept.extend(group)
         kept.sort(key=Match.sort_key)
         for m in kept:
             if m.kind is Kind.CONTAINS:
                 self._mark_contained(m.pid)
         return kept
+
+    def _beyond_excerpt(self, root: int, group: list[Match], covered: Mapping[int, float]) -> bool:
+        """Whether this page shares with a page of ``root``'s cluster, other than the
+        contained pages in ``group``, more of its text than those pages make up."""
+        mine = {m.pid for m in group}
+        need = max(m.share for m in group) + self.cfg.excerpt_margin
+        return any(
+            share >= need and pid not in mine and self.clusters.find(pid) == root
+            for pid, share in covered.items()
+        )
+
+    def _is_bridge(self, m: Match) -> bool:
+        """Whether ``m`` is a small page this page contains, contained in another page."""
+        small = m.share < self.cfg.excerpt_share
+        return m.kind is Kind.CONTAINS and small and self._is_contained(m.pid)
 
     def _is_contained(self, pid: int) -> bool:
         rec = self.clusters.page(pid) or {}

@@ -68,9 +68,10 @@ class Fingerprints:
     shingle_hashes: bytes = b""
     piece_chars: bytes = b""
 
-    def without(self, template: set[int], sketch_size: int) -> Fingerprints:
-        """These fingerprints with the template sentences' strings and 5-grams left out.
-        Without the per-piece data (a record from before it existed) only strings go."""
+    def without(self, template: set[int], sketch_size: int, whole: int = 0) -> Fingerprints:
+        """These fingerprints with the template sentences' strings and 5-grams left out
+        (the sketch as ``sketch_of`` makes it). Without the per-piece data (a record from
+        before it existed) only strings go."""
         if not self.piece_strings:
             kept_strings = tuple(s for s in self.strings if s not in template)
             return (
@@ -88,7 +89,7 @@ class Fingerprints:
             self,
             strings=tuple(s for s in self.strings if s not in template),
             shingles=len(kept),
-            sketch=bottom_k(kept, sketch_size),
+            sketch=sketch_of(kept, sketch_size, whole),
         )
 
 
@@ -523,10 +524,17 @@ def bottom_k(hashes: npt.NDArray[np.uint32], k: int) -> bytes:
     return np.sort(hashes)[:k].astype("<u4").tobytes()
 
 
+def sketch_of(shingles: npt.NDArray[np.uint32], k: int, whole: int) -> bytes:
+    """The verification sketch of distinct ``shingles``: all of them, sorted, when there
+    are at most ``whole``, else the ``k`` smallest. Two whole sets compare exactly
+    (``resemblance``); the sketch's prefix of ``k`` is the bottom-k sketch either way."""
+    return bottom_k(shingles, len(shingles) if len(shingles) <= whole else k)
+
+
 def resemblance(a: bytes, n_a: int, b: bytes, n_b: int, k: int) -> tuple[float, float]:
     """Estimated Jaccard resemblance of two shingle sets from their bottom-k sketches, and
-    the estimated containment of the smaller set in the larger. Exact when both sets have
-    at most ``k`` shingles."""
+    the estimated containment of the smaller set in the larger. Exact when both sketches
+    are whole sets (as many hashes as shingles: ``sketch_of``)."""
     sa, sb = np.frombuffer(a, dtype="<u4"), np.frombuffer(b, dtype="<u4")
     if len(sa) == 0 or len(sb) == 0:
         return 0.0, 0.0
@@ -538,6 +546,9 @@ def resemblance(a: bytes, n_a: int, b: bytes, n_b: int, k: int) -> tuple[float, 
     first = np.empty(len(merged), dtype=bool)
     first[0] = True
     np.not_equal(merged[1:], merged[:-1], out=first[1:])
+    if len(sa) == n_a and len(sb) == n_b:
+        both = len(merged) - int(np.count_nonzero(first))
+        return both / (n_a + n_b - both), both / min(n_a, n_b)
     shared = np.zeros(len(merged), dtype=bool)
     np.logical_not(first[1:], out=shared[:-1])
     smallest = shared[first][:k]
@@ -594,7 +605,7 @@ def _derive_char_classes() -> bytes:
 
 
 class Native(Protocol):
-    """What ``neardup_native.Fingerprinter`` offers the engine."""
+    """What ``neardup._native.Fingerprinter`` offers the engine."""
 
     def fingerprint(  # noqa: PLR0917 (the Rust signature: positional, one call site)
         self, text: str, keywords: int, window: int, period_len: int, shingle_chars: int,
@@ -604,26 +615,36 @@ class Native(Protocol):
     def period_hashes(self, text: str, period_len: int) -> list[int]: ...
 
 
-#: The ``neardup_native.FORMAT`` this module was written against: a module built from
+#: The ``neardup._native.FORMAT`` this module was written against: a module built from
 #: other sources (an old build left installed) computes what those sources did.
 NATIVE_FORMAT = 1
 
 
 @lru_cache(maxsize=1)
 def native() -> Native | None:
-    """The native fingerprinter (``native/``, the ``neardup-native`` package), or None
-    when it is not installed, is of another format (with a warning), or
-    ``NEARDUP_NATIVE=0``. Immutable once made, as the tables it is made from."""
+    """The native fingerprinter (``native/``, built into the package as ``neardup._native``
+    where Rust was found at install time: hatch_build.py), or None when it is not there,
+    is of another format (with a warning), or ``NEARDUP_NATIVE=0``. Immutable once made,
+    as the tables it is made from."""
     if os.environ.get("NEARDUP_NATIVE", "1") == "0":
         return None
     try:
-        from neardup_native import FORMAT, Fingerprinter
+        from neardup._native import FORMAT, Fingerprinter
     except ImportError:
+        # pip hides a build hook's output, so this is where a user learns it is missing.
+        warnings.warn(
+            "neardup was installed without its native module (no Rust toolchain when it "
+            "was built): fingerprints are computed in Python, the same values for about "
+            "three times the fingerprint stage's CPU; reinstall with cargo on PATH to build "
+            "it, or set NEARDUP_NATIVE=0 to choose the Python path without this warning",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     if FORMAT != NATIVE_FORMAT:
         warnings.warn(
-            f"neardup-native is of format {FORMAT}, this neardup needs {NATIVE_FORMAT}: "
-            "fingerprints are computed in Python (run scripts/setup.sh to rebuild it)",
+            f"neardup._native is of format {FORMAT}, this neardup needs {NATIVE_FORMAT}: "
+            "fingerprints are computed in Python (reinstall neardup to rebuild it)",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -650,10 +671,12 @@ def fingerprint(text: str, cfg: EngineConfig) -> Fingerprints:
     fast = native() if cfg.segmenter == "rjieba" else None
     if fast is None:
         return fingerprint_python(text, cfg)
-    fp1, fp2, strings, words, shingles, *blobs = fast.fingerprint(
+    fp1, fp2, strings, words, shingles, sketch, *blobs = fast.fingerprint(
         text, cfg.keywords, cfg.window, cfg.period_len, SHINGLE_CHARS, cfg.sketch_size
     )
-    return Fingerprints(fp1, fp2, tuple(strings), words, shingles, *blobs)
+    if cfg.sketch_size < shingles <= cfg.exact_shingles:  # whole: see sketch_of
+        sketch = np.unique(np.frombuffer(blobs[1], dtype="<u4")).astype("<u4").tobytes()
+    return Fingerprints(fp1, fp2, tuple(strings), words, shingles, sketch, *blobs)
 
 
 def fingerprint_python(text: str, cfg: EngineConfig) -> Fingerprints:
@@ -689,7 +712,7 @@ def fingerprint_python(text: str, cfg: EngineConfig) -> Fingerprints:
         strings=tuple(sorted({int(x) for x in piece_strings if x})),
         words=len(words),
         shingles=len(shingles),
-        sketch=bottom_k(shingles, cfg.sketch_size),
+        sketch=sketch_of(shingles, cfg.sketch_size, cfg.exact_shingles),
         piece_strings=piece_strings.astype("<u8").tobytes(),
         shingle_hashes=hashes.astype("<u4").tobytes(),
         piece_chars=piece_chars.astype("<u4").tobytes(),

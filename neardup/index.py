@@ -12,6 +12,12 @@ A bucket is one value: packed ``ENTRY`` records. Each entry carries what a decis
 reads no other page's record. Buckets stop growing at ``bucket_cap`` entries: later pages
 are not added to a full bucket (they stay findable through their other buckets), and a
 full period-string bucket is taken as too common to be evidence of containment.
+
+Short pages (at most ``exact_shingles`` distinct 5-grams) are also posted under the
+``minhash_keys`` smallest hashes of their 5-grams: a short text lightly edited can move
+its SimHash far and change every sentence ending, but two texts of resemblance J share
+the smallest hash with probability J, so two of eight is a candidate (Broder's bottom-k
+as an index; for J >= 0.5 it finds more than 99 pairs in 100).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ Entries = npt.NDArray[np.void]
 _SIM_PRIMARY = b"P"
 _SIM_SECONDARY = b"S"
 _STRINGS = b"C"
+_MINHASH = b"B"
 _SKETCH = b"K"
 _SHINGLES = struct.Struct("<I")
 _DAY_MS = 86_400_000
@@ -66,6 +73,15 @@ def string_keys(strings: Sequence[int]) -> list[bytes]:
     return [_STRINGS + s.to_bytes(8, "big") for s in strings]
 
 
+def minhash_keys(fps: Fingerprints, cfg: EngineConfig) -> list[bytes]:
+    """The posting keys of a short page's smallest 5-gram hashes (none for a longer
+    page): the sketch's first ``minhash_keys`` hashes."""
+    if not 0 < fps.shingles <= cfg.exact_shingles:
+        return []
+    head = np.frombuffer(fps.sketch[: 4 * cfg.minhash_keys], dtype="<u4")
+    return [_MINHASH + int(h).to_bytes(4, "big") for h in head]
+
+
 @dataclass(slots=True)
 class Lookup:
     """What a query found, and the buckets it read, so that ``add`` need not read them again."""
@@ -76,6 +92,9 @@ class Lookup:
     shared: Entries
     shared_counts: npt.NDArray[np.int64]
     buckets: dict[bytes, bytes | None] = field(default_factory=dict)
+    #: Earlier short pages sharing at least ``minhash_shared`` of a short page's
+    #: smallest 5-gram hashes, one entry per page.
+    close: Entries = field(default_factory=lambda: np.empty(0, dtype=ENTRY))
 
 
 class FingerprintIndex(Protocol):
@@ -97,12 +116,14 @@ class KVIndex:
         self.masks = table_masks(cfg)
         self.retention_ms = cfg.retention_days * _DAY_MS
         #: Entries not written because their bucket was full, by index part.
-        self.capped = {"simhash": 0, "strings": 0}
+        self.capped = {"simhash": 0, "strings": 0, "minhash": 0}
 
     def keys(self, fps: Fingerprints) -> tuple[list[bytes], list[bytes]]:
+        """The SimHash bucket keys, and the posting keys: period strings, then the
+        smallest 5-gram hashes of a short page (``minhash_keys``)."""
         sim = bucket_keys(_SIM_PRIMARY, fps.fp1, self.masks)
         sim += bucket_keys(_SIM_SECONDARY, fps.fp2, self.masks)
-        return sim, string_keys(fps.strings)
+        return sim, string_keys(fps.strings) + minhash_keys(fps, self.cfg)
 
     def _live(self, raw: bytes | None, order: int) -> Entries:
         if not raw:
@@ -127,22 +148,25 @@ class KVIndex:
             near = near[(d1 <= cfg.k1) | ((d1 <= cfg.k2) & (d2 <= cfg.k1))]
             near = near[np.unique(near["pid"], return_index=True)[1]]
 
-        postings = self._live(
-            b"".join(
-                v
-                for v in values[len(sim_keys) :]
-                # a full posting list is a string too common to be evidence
-                if v is not None and len(v) < cfg.bucket_cap * ENTRY.itemsize
-            ),
-            order,
-        )
+        split = len(sim_keys) + len(fps.strings)
+        postings = self._postings(values[len(sim_keys) : split], order)
         if len(postings):
             _, first, counts = np.unique(postings["pid"], return_index=True, return_counts=True)
             keep = counts >= cfg.ccs_min_shared
             shared, shared_counts = postings[first[keep]], counts[keep].astype(np.int64)
         else:
             shared, shared_counts = np.empty(0, dtype=ENTRY), np.empty(0, dtype=np.int64)
-        return Lookup(near=near, shared=shared, shared_counts=shared_counts, buckets=buckets)
+        close = self._postings(values[split:], order)
+        if len(close):
+            _, first, counts = np.unique(close["pid"], return_index=True, return_counts=True)
+            close = close[first[counts >= cfg.minhash_shared]]
+        return Lookup(near, shared, shared_counts, buckets, close)
+
+    def _postings(self, values: Sequence[bytes | None], order: int) -> Entries:
+        """The live entries of posting lists, without the full ones: a full list is a
+        string (or hash) too common to be evidence."""
+        cap = self.cfg.bucket_cap * ENTRY.itemsize
+        return self._live(b"".join(v for v in values if v is not None and len(v) < cap), order)
 
     @staticmethod
     def sketch_key(pid: int) -> bytes:
@@ -189,7 +213,7 @@ class KVIndex:
             for key in keys:
                 new = self.appended(lookup.buckets[key], entry)
                 if new is None:
-                    self.capped[part] += 1
+                    self.capped["minhash" if key[:1] == _MINHASH else part] += 1
                     continue
                 writes.append((key, new))
         pid = int(entry["pid"][0])

@@ -41,7 +41,7 @@ from neardup.config import EngineConfig
 from neardup.decide import candidates
 from neardup.engine import Analysed, for_decision
 from neardup.fingerprint import Fingerprints
-from neardup.index import ENTRY, KVIndex, make_entry, string_keys
+from neardup.index import ENTRY, KVIndex, make_entry
 from neardup.kafka.journal import JournalKV
 from neardup.kafka.sequence import Key
 from neardup.kafka.stage import DecideStage, Emit, pid_bytes
@@ -98,8 +98,9 @@ def index_for(cfg: EngineConfig) -> KVIndex:
 def _remote_prefixes(cfg: EngineConfig) -> tuple[bytes, ...]:
     """First bytes of the index's bucket and sketch keys, learned from the index itself."""
     index = index_for(cfg)
-    sim, _ = index.keys(Fingerprints(0, 0, (), 0))
-    return tuple({k[:1] for k in sim} | {string_keys([0])[0][:1], index.sketch_key(0)[:1]})
+    # a short page with one period string: one key of every kind
+    sim, postings = index.keys(Fingerprints(0, 0, (0,), 0, 1, bytes(4)))
+    return tuple({k[:1] for k in sim + postings} | {index.sketch_key(0)[:1]})
 
 
 class _NoKV:

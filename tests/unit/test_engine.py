@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from neardup.config import EngineConfig
 from neardup.contract import parse_raw, validate
-from neardup.engine import Engine, Outcome
+from neardup.engine import Engine, Outcome, page_pid
 from neardup.evaluate import score
 from neardup.records import Rejected
 from neardup.store import MemoryKV, RocksKV, open_state
@@ -63,8 +63,38 @@ def test_reprint_in_other_template_and_script_is_duplicate() -> None:
     assert first.decision["decision"] == "unique"
     assert copy.decision["decision"] == "duplicate"
     assert copy.decision["duplicate_of"] == first.decision["page_id"]
+    assert copy.decision["duplicate_of_url"] == "https://a.example.cn/1"
+    assert first.decision["duplicate_of_url"] is None
     assert copy.decision["cluster_id"] == first.decision["page_id"]
     assert validate("decision", copy.decision) == []
+    assert validate("decision", first.decision) == []
+
+
+def test_a_decision_stored_without_duplicate_of_url_is_answered_with_it() -> None:
+    # state written before decisions carried the URL: a page seen again gets its stored
+    # decision in the current schema, the URL read from the matched page's record
+    kv = MemoryKV()
+    eng = Engine(kv, CFG)
+    paras = ARTICLES["rail"]
+    msgs = [
+        raw_page("https://a.example.cn/1", paras, "地铁开通"),
+        raw_page("https://b.example.cn/2", paras, "地铁开通", template="blog"),
+    ]
+    first, copy = run(eng, msgs)
+    assert isinstance(first, Outcome) and isinstance(copy, Outcome)
+    for out in (first, copy):
+        key = b"M" + page_pid(out.decision["page_id"]).to_bytes(8, "big")
+        (raw,) = kv.get_many([key])
+        assert raw is not None
+        rec = json.loads(raw)
+        del rec["decision"]["duplicate_of_url"]
+        kv.put_many([(key, json.dumps(rec).encode())])
+    again_first, again_copy = run(eng, msgs)
+    assert isinstance(again_first, Outcome) and isinstance(again_copy, Outcome)
+    assert again_copy.repeated and again_copy.decision == copy.decision
+    assert again_first.decision == first.decision
+    assert list(again_copy.decision).index("duplicate_of_url") == 4  # beside duplicate_of
+    assert validate("decision", again_copy.decision) == []
 
 
 def test_excerpt_is_contained_and_full_text_contains() -> None:

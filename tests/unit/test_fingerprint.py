@@ -29,6 +29,8 @@ from neardup.normalise import normalise
 from tests.corpus import ARTICLES, HARD_A, HARD_B, in_a_process
 
 CFG = EngineConfig()
+#: Sketches only, never whole sets: the pinned bottom-k sketch.
+NO_WHOLE = CFG.with_overrides(exact_shingles=0)
 
 
 def fp_of(paragraphs: list[str], cfg: EngineConfig = CFG) -> tuple[int, int]:
@@ -52,7 +54,7 @@ def fingerprint_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     if request.param == "python":
         monkeypatch.setattr(neardup.fingerprint, "native", lambda: None)
     elif neardup.fingerprint.native() is None:
-        pytest.skip("neardup-native is not installed, or NEARDUP_NATIVE=0")
+        pytest.skip("neardup._native is not built, or NEARDUP_NATIVE=0")
     return str(request.param)
 
 
@@ -80,13 +82,21 @@ def test_golden_period_strings_sketch_and_index_keys(fingerprint_path: str) -> N
     f = fingerprint(normalise("\n".join(ARTICLES["rail"])), CFG)
     assert (len(f.strings), f.strings[0], f.words, f.shingles) == (7, 0x26BE0766B58D2967, 115, 274)
     assert _digest(np.array(f.strings, dtype="<u8").tobytes()) == "62b5ca7d873c8dbf"
-    assert len(f.sketch) == 4 * CFG.sketch_size and _digest(f.sketch) == "b7ace727a14e538f"
+    # 274 5-grams, fewer than exact_shingles: the whole set is kept, and its prefix is
+    # the bottom-k sketch a longer text keeps
+    assert len(f.sketch) == 4 * f.shingles and _digest(f.sketch) == "15beff84bf1fa56e"
+    bottom = fingerprint(normalise("\n".join(ARTICLES["rail"])), NO_WHOLE).sketch
+    assert len(bottom) == 4 * CFG.sketch_size and _digest(bottom) == "b7ace727a14e538f"
+    assert f.sketch[: len(bottom)] == bottom
     index = KVIndex(MemoryKV(), CFG)
     sim, strings = index.keys(f)
-    assert (len(sim), len(strings)) == (8, 7)
+    # a short page: its 7 period strings, then its 8 smallest 5-gram hashes
+    assert (len(sim), len(strings)) == (8, 7 + CFG.minhash_keys)
     assert sim[0] == b"P\x00\xa6\x9a" + bytes(6)  # primary, table 0: the first 16 bits
-    assert _digest(b"".join(sim + strings)) == "3c66f214023ee49e"
-    assert _digest(index.sketch_value(f)) == "5178ff67885cc9dc"
+    assert _digest(b"".join(sim + strings[:7])) == "3c66f214023ee49e"
+    assert strings[7:] == [b"B" + f.sketch[i : i + 4][::-1] for i in range(0, 32, 4)]
+    assert strings[7] == b"B\x00 \xeb\x9f"
+    assert _digest(index.sketch_value(f)) == "881e463b2237c603"
     entry = make_entry(0x0102030405060708, Fingerprints(*GOLDEN["rail"], (1, 2, 3), 5), 1 << 40)
     assert entry.tobytes().hex() == (
         "0807060504030201fb254b72e5789aa67a711350bea0a322000000000001000003000000"
@@ -397,6 +407,11 @@ def test_resemblance_matches_its_definition(
     if not a or not b:
         assert (jac, cont) == (0.0, 0.0)
         return
+    if len(a) == n_a and len(b) == n_b:  # two whole sets: exact, whatever k
+        both = len(set(a) & set(b))
+        assert jac == both / len(set(a) | set(b))
+        assert cont == both / min(n_a, n_b)
+        return
     smallest = sorted(set(a) | set(b))[:k]
     want = sum(x in set(a) and x in set(b) for x in smallest) / len(smallest)
     assert jac == want
@@ -404,15 +419,17 @@ def test_resemblance_matches_its_definition(
     assert cont == min(1.0, inter / max(1, min(n_a, n_b)))
 
 
-@given(_SKETCH, _SKETCH)
-def test_resemblance_is_exact_for_sets_the_sketches_hold_whole(a: list[int], b: list[int]) -> None:
-    """Sets of at most ``k`` shingles: the estimates are the set measures themselves,
-    Jaccard |A∩B| / |A∪B| and containment |A∩B| / min(|A|, |B|), worked out here from
-    the sets (not from the estimator's formula)."""
+@given(_SKETCH, _SKETCH, st.integers(1, 48))
+def test_resemblance_is_exact_for_sets_the_sketches_hold_whole(
+    a: list[int], b: list[int], k: int
+) -> None:
+    """Whole sets (``sketch_of``), of any size against ``k``: the estimates are the set
+    measures themselves, Jaccard |A∩B| / |A∪B| and containment |A∩B| / min(|A|, |B|),
+    worked out here from the sets (not from the estimator's formula)."""
     if not a or not b:
         return
     sa, sb = set(a), set(b)
-    jac, cont = resemblance(_sketch(a), len(a), _sketch(b), len(b), 48)
+    jac, cont = resemblance(_sketch(a), len(a), _sketch(b), len(b), k)
     assert jac == len(sa & sb) / len(sa | sb)
     assert cont == pytest.approx(len(sa & sb) / min(len(sa), len(sb)), abs=1e-9)
 

@@ -613,6 +613,36 @@ def test_a_page_seen_again_gets_exactly_its_first_answer(gold: list[Analysed]) -
     assert stage.counts.repeated == len(gold)
 
 
+def test_decisions_name_the_url_duplicated_also_when_stored_without_it(
+    gold: list[Analysed],
+) -> None:
+    emits, stage = _run_stage(gold, 2, random.Random(2))
+    decisions = [json.loads(e.value) for e in emits if e.topic == "decisions"]
+    url_of = {d["page_id"]: d["url"] for d in decisions}
+    copies = [d for d in decisions if d["duplicate_of"] is not None]
+    assert copies
+    for d in decisions:
+        want = url_of[d["duplicate_of"]] if d["duplicate_of"] is not None else None
+        assert d["duplicate_of_url"] == want
+    # records stored before decisions carried the URL: a page seen again still gets it
+    eng = stage.engine
+    for a in gold:
+        rec = eng.clusters.page(a.pid)
+        assert rec is not None
+        stored = rec["decision"]
+        assert isinstance(stored, dict)
+        del stored["duplicate_of_url"]
+        eng.kv.put_many([(b"M" + a.pid.to_bytes(8, "big"), orjson.dumps(rec))])
+    eng.kv.commit()
+    again = []
+    for i, a in enumerate(gold):
+        again += stage.accept(wire.PageMsg(0, 10_000 + i, 3, a))
+    first = {d["page_id"]: d for d in decisions}
+    answered = [json.loads(e.value) for e in again if e.topic == "decisions"]
+    assert len(answered) == len(gold)
+    assert all(d == first[d["page_id"]] for d in answered)
+
+
 def test_state_survives_a_reload(gold: list[Analysed]) -> None:
     half = len(gold) // 2
     stage = DecideStage(ScanMemoryKV(), CFG)
