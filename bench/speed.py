@@ -22,7 +22,7 @@ Each one's CPU seconds (this process and its children) give pages per CPU-second
 issue's target is 300 pages/s a core where the reference made 25-30 pages/s, that is
 10x to 12x the reference. The ratio is printed, but it is a lenient reading: the dev
 pages cost trafilatura more than the issue's pages (13.0 against 16.9 pages per
-CPU-second on 2026-11-25, both measured that day). Each round therefore also
+CPU-second, measured side by side). Each round therefore also
 times trafilatura and one lexbor parse on the issue's own 134 pages
 (``--issue-pages``, the extraction dev set), which it measured at 27 and about 1,500
 pages/s: how much slower this machine runs than that one, for Python-heavy code and for

@@ -4,7 +4,7 @@ the probes and records partitions, over RocksDB, on the analysed dev pages.
     .venv/bin/python bench/stages.py [--data DIR] [--pages 1000] [--rounds 3]
 
 The worker's own process spends about 2 ms a page more than the engine's parent
-(README, Figures, Worker). This takes Kafka and Faust out of that: the pages are
+(docs/benchmarks.md, Worker). This takes Kafka and Faust out of that: the pages are
 analysed first, in this process; then, timed, they go through what the worker's agents
 call, as the agents call it. The raw pages are spread over 4 partitions and sent to the
 sequencer in frames of 32 (``wire.frame``, as the analyse agent sends them), each followed

@@ -144,8 +144,8 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     #: The event loops of the worker and of Faust's consumer thread
     #: (NEARDUP_EVENT_LOOP): uvloop (libuv; its policy, which mode's ``mode.loop.use``
-    #: sets too), or asyncio's own loop. uvloop takes less CPU a page (README, Figures,
-    #: Worker). Faust's ``--loop`` and FAUST_LOOP, given, override it.
+    #: sets too), or asyncio's own loop. uvloop takes less CPU a page (as bench/worker.py
+    #: shows, run with each). Faust's ``--loop`` and FAUST_LOOP, given, override it.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     #: Engine parameters (NEARDUP_ENGINE__K1, ...).
     engine: EngineSettings = EngineSettings()

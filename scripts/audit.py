@@ -12,7 +12,7 @@
    version only if that is the latest one; any other version is reported as not audited.
 3. A finding, or a version not audited, passes only if ``--exceptions`` names it with a
    reason: a vulnerability by its id or an alias, a version as ``unaudited:name==version``.
-   The README's Security section explains each one. A version change makes its
+   docs/development.md explains each one. A version change makes its
    ``unaudited:`` line stale, so the gap is looked at again.
 4. For ``--grace-days`` (14) after the lock was made (the date in its first line), a
    version not audited only because a release came after it passes with a warning: every

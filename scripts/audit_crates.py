@@ -8,7 +8,7 @@ project's machines. crates.io's sparse index is (cargo reads it to build ``nativ
 it says which versions were yanked: withdrawn by their authors, for a security flaw among
 other reasons. So this checks that every crates.io crate in the lock is in the index at
 its locked version and not yanked, and prints the versions published after it, and
-leaves the advisories unchecked (the README's Security section says so).
+leaves the advisories unchecked (docs/development.md, Dependency lock and audit, says so).
 
 Standard library only.
 """

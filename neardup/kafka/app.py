@@ -86,7 +86,7 @@ GAP_CHECK_S = 1.0
 #: Events Faust holds for an agent before it stops fetching its partitions (its
 #: ``stream_buffer_maxsize``, 4,096 by default). With outputs slower than inputs (a slow
 #: downstream) the default let the worker hold about 300 MB more than 512, with no more
-#: pages/s (side by side: README, Memory); capping the raw topic's buffer alone saved
+#: pages/s (side by side, bench/faults.py --only slow); capping the raw topic's buffer alone saved
 #: nothing, so it is the internal topics' messages (frames of analysed pages) that pile up.
 STREAM_BUFFER_EVENTS = 512
 #: How often the analyse agent looks again while the raw pages are paused.
@@ -480,7 +480,7 @@ class Worker:
             await asyncio.sleep(PAUSED_POLL_S)
         # Waiting for the child here, the loop blocked, costs less than handing the wait to
         # a thread (measured: 30% more CPU a page, and slower) or awaiting its pipe in the
-        # loop (README: 7% fewer pages/s and more CPU a page).
+        # loop (bench/worker.py: fewer pages/s and more CPU a page).
         sandbox = self.stage.engine.sandbox
         results = analyse_messages((e.value for e in events), self.cfg, self.analyse_stats, sandbox)
         handled: dict[Any, set[int]] = {}  # per partition: offsets forwarded in this batch

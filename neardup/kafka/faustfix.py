@@ -116,8 +116,8 @@ def seeks_between_fetches() -> None:
     on delivering that batch's records of the partition, from above the new position,
     and sets its read offset past them; the records fetched again from the new position
     are then dropped as read already, and the partition stays held back until it is read
-    again (``Worker.unstick``: seen as a stall of about 10 s after a rebalance, README,
-    Faults). Between two fetches no batch fetched before is left, and aiokafka drops what
+    again (``Worker.unstick``: seen as a stall of about 10 s after a rebalance,
+    docs/faults.md). Between two fetches no batch fetched before is left, and aiokafka drops what
     it prefetched for the partition (aiokafka's ``seek``: "use it ... after all pending
     messages are processed")."""
     from faust.transport.consumer import ThreadDelegateConsumer

@@ -751,7 +751,7 @@ def all_out(ref: Reference, d: Deployment) -> bool:
 
 def check_after_fault(values: list[bytes], ref: Reference, d: Deployment) -> tuple[int, int]:
     """After a fault: nothing lost and nothing decided twice (``accounted``), and the same
-    decisions and clusters as ``neardup dedup`` (no page released late: README, Faults)."""
+    decisions and clusters as ``neardup dedup`` (no page released late: docs/faults.md, Order)."""
     pages, out = accounted(values, ref, d)
     check_against(ref, d)
     return pages, out

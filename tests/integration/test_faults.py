@@ -311,8 +311,7 @@ def test_a_full_disk_stops_the_worker_clearly_and_loses_nothing(
     full.log = d.tmp / "worker0-full.log"  # a fresh log: the limit applies to it too
     # RLIMIT_FSIZE: a write past 1 MiB fails as on a full disk. Over this stream the state
     # table's write-ahead log reaches ~1.7 MiB and every other file stays under 0.25 MiB,
-    # so the limit is met midway, and never at start-up. (The limit was 2 MiB until the
-    # pending records shrank in 52713ec; the log then stayed under it.)
+    # so the limit is met midway, and never at start-up.
     full.fsize = 1 << 20
     full.start()
     wait_for(lambda: not full.alive(), DEADLINE, "the worker to stop on the full disk")
