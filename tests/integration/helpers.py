@@ -191,6 +191,21 @@ def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
     asyncio.run(run())
 
 
+def list_topics(bootstrap: str) -> set[str]:
+    """The names of every topic on the broker."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def run() -> set[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            return set(await admin.list_topics())
+        finally:
+            await admin.close()
+
+    return asyncio.run(run())
+
+
 def delete_topics(bootstrap: str, prefix: str | Iterable[str]) -> list[str]:
     """Delete every topic whose name is ``prefix`` (or one of several) followed by ``.``
     or ``-`` (one run's topics: its own and its workers' internal ones); returns their

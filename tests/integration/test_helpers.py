@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from tests.integration.helpers import Names, create_topics, delete_topics, wait_for
+from tests.integration.helpers import Names, create_topics, delete_topics, list_topics, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def _topics(bootstrap: str) -> set[str]:
-    from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
-
-    async def run() -> set[str]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            return set(await admin.list_topics())
-        finally:
-            await admin.close()
-
-    return asyncio.run(run())
 
 
 def test_delete_topics_removes_one_runs_topics_and_no_other(kafka_bootstrap: str) -> None:
@@ -31,12 +15,12 @@ def test_delete_topics_removes_one_runs_topics_and_no_other(kafka_bootstrap: str
     # a name that only starts like the run's prefix, and another run's topic
     kept = [f"{names.prefix}x.raw", other.raw]
     create_topics(kafka_bootstrap, {t: 1 for t in mine + kept})
-    wait_for(lambda: set(mine + kept) <= _topics(kafka_bootstrap), 30, "the topics")
+    wait_for(lambda: set(mine + kept) <= list_topics(kafka_bootstrap), 30, "the topics")
 
     assert delete_topics(kafka_bootstrap, names.prefix) == sorted(mine)
 
-    wait_for(lambda: not set(mine) & _topics(kafka_bootstrap), 30, "the topics to go")
-    assert set(kept) <= _topics(kafka_bootstrap)
+    wait_for(lambda: not set(mine) & list_topics(kafka_bootstrap), 30, "the topics to go")
+    assert set(kept) <= list_topics(kafka_bootstrap)
     assert delete_topics(kafka_bootstrap, names.prefix) == []
     delete_topics(kafka_bootstrap, other.prefix)
     delete_topics(kafka_bootstrap, f"{names.prefix}x")
@@ -51,11 +35,11 @@ def test_delete_topics_takes_several_prefixes_and_remembers_every_names(
     assert {first.prefix, second.prefix, other.prefix} <= USED_PREFIXES  # deleted at the end
     mine = [first.raw, f"{second.prefix}-probes"]
     create_topics(kafka_bootstrap, {t: 1 for t in [*mine, other.raw]})
-    wait_for(lambda: {*mine, other.raw} <= _topics(kafka_bootstrap), 30, "the topics")
+    wait_for(lambda: {*mine, other.raw} <= list_topics(kafka_bootstrap), 30, "the topics")
 
     assert delete_topics(kafka_bootstrap, [first.prefix, second.prefix]) == sorted(mine)
 
-    wait_for(lambda: not set(mine) & _topics(kafka_bootstrap), 30, "the topics to go")
-    assert other.raw in _topics(kafka_bootstrap)
+    wait_for(lambda: not set(mine) & list_topics(kafka_bootstrap), 30, "the topics to go")
+    assert other.raw in list_topics(kafka_bootstrap)
     assert delete_topics(kafka_bootstrap, []) == []
     delete_topics(kafka_bootstrap, other.prefix)

@@ -5,7 +5,6 @@ worker would (``neardup.kafka.identity``)."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from tests.integration.helpers import (
     check_against,
     create_topics,
     delete_topics,
+    list_topics,
     reference,
     stream,
     wait_for,
@@ -29,20 +29,6 @@ from tests.integration.helpers import (
 pytestmark = pytest.mark.integration
 
 DEADLINE = 240.0
-
-
-def _topics(bootstrap: str) -> set[str]:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    async def run() -> set[str]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            return set(await admin.list_topics())
-        finally:
-            await admin.close()
-
-    return asyncio.run(run())
 
 
 def _first_run(d: Any, tmp_path: Path) -> Any:
@@ -82,7 +68,7 @@ def test_topics_deleted_and_made_again_the_worker_rebuilds_its_state(
     d.collector.close()  # its topics go
     gone = delete_topics(d.bootstrap, d.names.prefix)
     assert any(t.endswith("-changelog") for t in gone), gone
-    wait_for(lambda: not set(gone) & _topics(d.bootstrap), 60, "the topics deleted")
+    wait_for(lambda: not set(gone) & list_topics(d.bootstrap), 60, "the topics deleted")
     create_topics(d.bootstrap, {d.names.raw: 2})
     again = _second_run(d, tmp_path)
     said = again.log.read_text(errors="replace")
