@@ -122,11 +122,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     from neardup.sources import iter_pages
 
     cfg = config_from_sets(args.set, args.extractor)
-    try:
-        kv = open_state(args.state, cfg, args.cache_mb)
-    except StateError as exc:
-        print(f"neardup: {exc}", file=sys.stderr)
-        return EXIT_FATAL
+    kv = open_state(args.state, cfg, args.cache_mb)
     engine = Engine(kv, cfg)
     seen: dict[str, str] = {}  # page id -> URL, for --clusters
     reading = Reading()
@@ -434,6 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             with contextlib.suppress(OSError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return EXIT_FATAL
+        print(f"neardup: {exc}", file=sys.stderr)
+        return EXIT_FATAL
+    except StateError as exc:  # a state directory that cannot be opened or read
         print(f"neardup: {exc}", file=sys.stderr)
         return EXIT_FATAL
     except KeyboardInterrupt:

@@ -7,10 +7,12 @@ import argparse
 import json
 import sys
 import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from neardup.cli import EXIT_FATAL, EXIT_OK, OutputError, _open_out, _positive_int
-from neardup.store import RocksKV, StateError
+from neardup.cli import EXIT_OK, OutputError, _open_out, _positive_int
+from neardup.store import RocksKV
 
 if TYPE_CHECKING:
     from neardup.lookup import Cluster, Page, StateReader
@@ -41,16 +43,18 @@ def shown(text: str, width: int | None = None) -> str:
     return out
 
 
-def open_reader(path: str, cache_mb: int = RocksKV.CACHE_MB) -> StateReader:
-    """The state at ``path`` opened read-only; StateError says why it cannot be read."""
+@contextmanager
+def reading(path: str, cache_mb: int = RocksKV.CACHE_MB) -> Iterator[StateReader]:
+    """The state at ``path`` opened read-only, and closed after; StateError says why it
+    cannot be read (the command line's ``main`` reports it)."""
     from neardup.lookup import StateReader
     from neardup.store import open_to_read
 
-    return StateReader(open_to_read(path, cache_mb))
-
-
-def _close(reader: StateReader) -> None:
-    reader.kv.close()
+    reader = StateReader(open_to_read(path, cache_mb))
+    try:
+        yield reader
+    finally:
+        reader.kv.close()
 
 
 def answer(reader: StateReader, page: Page) -> dict[str, Any]:
@@ -107,13 +111,8 @@ def _say(text: str) -> None:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    try:
-        reader = open_reader(args.state)
-    except StateError as exc:
-        print(f"neardup: {exc}", file=sys.stderr)
-        return EXIT_FATAL
     missing = 0
-    try:
+    with reading(args.state) as reader:
         found = reader.find(args.queries)
         answered = 0
         for q in args.queries:
@@ -134,27 +133,17 @@ def cmd_query(args: argparse.Namespace) -> int:
                 cluster = reader.cluster(reader.root_of(page.pid))
                 _say(("\n" if answered else "") + "\n".join(describe(page, cluster, args.members)))
             answered += 1
-    finally:
-        _close(reader)
     return EXIT_NOT_FOUND if missing else EXIT_OK
 
 
 def cmd_clusters(args: argparse.Namespace) -> int:
-    try:
-        reader = open_reader(args.state)
-    except StateError as exc:
-        print(f"neardup: {exc}", file=sys.stderr)
-        return EXIT_FATAL
     clusters = pages = 0
-    try:
-        with _open_out(args.out) as out:
-            assert out is not None  # --out is required
-            for cluster in reader.clusters(args.min_size):
-                out.write(cluster.to_json())
-                clusters += 1
-                pages += cluster.size
-    finally:
-        _close(reader)
+    with reading(args.state) as reader, _open_out(args.out) as out:
+        assert out is not None  # --out is required
+        for cluster in reader.clusters(args.min_size):
+            out.write(cluster.to_json())
+            clusters += 1
+            pages += cluster.size
     if not args.quiet:
         print(
             f"neardup: {clusters} clusters of {args.min_size} or more pages, {pages} pages in them",

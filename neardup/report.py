@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from neardup.cli import EXIT_FATAL, EXIT_OK, OutputError, _positive_int
-from neardup.store import StateError
+from neardup.cli import EXIT_OK, OutputError, _positive_int
 
 if TYPE_CHECKING:
     from neardup.lookup import Cluster, StateReader
@@ -166,18 +165,11 @@ def write_atomically(path: str, text: str) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from neardup.query import open_reader
+    from neardup.query import reading
     from neardup.report_html import render
 
-    try:
-        reader = open_reader(args.state)
-    except StateError as exc:
-        print(f"neardup: {exc}", file=sys.stderr)
-        return EXIT_FATAL
-    try:
+    with reading(args.state) as reader:
         summary = summarise(reader, args.hosts, args.largest)
-    finally:
-        reader.kv.close()
     write_atomically(args.out, render(summary, members=args.members))
     if not args.quiet:
         print(
