@@ -39,7 +39,8 @@ class Clusters:
         (raw,) = self.kv.get_many([b"M" + _pid_bytes(pid)])
         return None if raw is None else dict(orjson.loads(raw))
 
-    def _key(self, pid: int) -> PageKey:
+    def key(self, pid: int) -> PageKey:
+        """The page's rank, from its record."""
         rec = self.page(pid)
         if rec is None:
             raise KeyError(f"no page record for pid {pid:016x}")
@@ -68,7 +69,7 @@ class Clusters:
         """
         roots = {self.find(m) for m in matched}
         roots.discard(page.pid)
-        keys = sorted((self._key(r) for r in roots), key=lambda k: k.rank)
+        keys = sorted((self.key(r) for r in roots), key=lambda k: k.rank)
         winner = min([page, *keys], key=lambda k: k.rank)
         merged = [k for k in keys if k.pid != winner.pid]
         link = _pid_bytes(winner.pid)
@@ -78,5 +79,18 @@ class Clusters:
         self.kv.put_many(writes)
         return winner, merged
 
+    def is_contained(self, pid: int) -> bool:
+        """Whether the page was decided contained, or was found contained in a later page."""
+        rec = self.page(pid) or {}
+        decision = rec.get("decision")
+        kind = decision.get("decision") if isinstance(decision, dict) else None
+        return bool(rec.get("contained")) or kind == "contained"
+
+    def mark_contained(self, pid: int) -> None:
+        rec = self.page(pid)
+        if rec is not None and not rec.get("contained"):
+            rec["contained"] = True
+            self.kv.put_many([(b"M" + _pid_bytes(pid), orjson.dumps(rec))])
+
     def cluster_of(self, pid: int) -> str:
-        return self._key(self.find(pid)).page_id
+        return self.key(self.find(pid)).page_id

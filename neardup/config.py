@@ -94,9 +94,10 @@ class EngineConfig:
     #: Template counts cover a host's last ``template_window`` to ``2 * template_window``
     #: pages; older counts are deleted, which bounds the state per host.
     template_window: int = 5000
-    #: Hosts whose template counts are kept (``neardup.template``): a host unseen for
-    #: between half and all of this many places of the host queue loses its counts.
-    template_hosts: int = 200_000
+    #: A host whose previous page was fetched more than this many days before its next
+    #: one starts its template counts afresh; the counts of hosts idle that long are
+    #: deleted (``neardup.template``), which bounds the number of hosts kept.
+    template_idle_days: int = 30
     #: Index buckets stop growing at this many entries (newer entries are not added).
     bucket_cap: int = 4096
     #: Entries of pages fetched more than this many days before the newest page are
@@ -155,8 +156,8 @@ class EngineConfig:
             raise ValueError("ccs_contain must be in [0, 1]")
         if self.template_window < 100:
             raise ValueError("template_window must be >= 100 pages")
-        if self.template_hosts < 2:
-            raise ValueError("template_hosts must be >= 2")
+        if self.template_idle_days < 1:
+            raise ValueError("template_idle_days must be >= 1")
         if not 16 <= self.sketch_size <= 4096:
             raise ValueError("sketch_size must be in [16, 4096]")
         if not 0 <= self.exact_shingles <= 65536:

@@ -104,7 +104,9 @@ class FingerprintIndex(Protocol):
 
     def sketches(self, pids: Sequence[int]) -> dict[int, tuple[int, bytes]]: ...
 
-    def add(self, lookup: Lookup, entry: Entries, fps: Fingerprints) -> None: ...
+    def add(
+        self, lookup: Lookup, entry: Entries, fps: Fingerprints, *, sketch: bool = True
+    ) -> None: ...
 
 
 class KVIndex:
@@ -135,7 +137,17 @@ class KVIndex:
 
     def lookup(self, fps: Fingerprints, order: int) -> Lookup:
         sim_keys, str_keys = self.keys(fps)
-        values = self.kv.get_many(sim_keys + str_keys)
+        return self.found(fps, order, self.kv.get_many(sim_keys + str_keys))
+
+    def found(self, fps: Fingerprints, order: int, values: Sequence[bytes | None]) -> Lookup:
+        """The lookup of a page of ``order`` from its buckets' values, read elsewhere
+        (``values``: one per key of ``keys(fps)``, SimHash keys first; None for an empty
+        bucket). The Kafka topology reads buckets on their partitions and answers with them."""
+        sim_keys, str_keys = self.keys(fps)
+        if len(values) != len(sim_keys) + len(str_keys):
+            raise ValueError(
+                f"{len(values)} bucket values for {len(sim_keys) + len(str_keys)} keys"
+            )
         buckets = dict(zip(sim_keys + str_keys, values, strict=True))
         cfg = self.cfg
 
@@ -203,7 +215,11 @@ class KVIndex:
             return None
         return old.tobytes() + data
 
-    def add(self, lookup: Lookup, entry: Entries, fps: Fingerprints) -> None:
+    def add(
+        self, lookup: Lookup, entry: Entries, fps: Fingerprints, *, sketch: bool = True
+    ) -> None:
+        """Add ``entry`` to the page's buckets (those ``lookup`` read), and its sketch
+        unless ``sketch`` is false (a page id seen before keeps its first sketch)."""
         sim_keys, str_keys = self.keys(fps)
         missing = [k for k in sim_keys + str_keys if k not in lookup.buckets]
         if missing:
@@ -216,6 +232,7 @@ class KVIndex:
                     self.capped["minhash" if key[:1] == _MINHASH else part] += 1
                     continue
                 writes.append((key, new))
-        pid = int(entry["pid"][0])
-        writes.append((self.sketch_key(pid), self.sketch_value(fps)))
+        if sketch:
+            pid = int(entry["pid"][0])
+            writes.append((self.sketch_key(pid), self.sketch_value(fps)))
         self.kv.put_many(writes)

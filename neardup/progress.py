@@ -190,7 +190,7 @@ def dedup_text(stats: Mapping[str, Any], rejects_path: str | None) -> list[str]:
     capped = ", ".join(f"{part} {n}" for part, n in stats["index_capped"].items())
     lines.append(
         f"{count(stats['merges'], 'cluster merge')}; index entries not added, bucket full: "
-        f"{capped or 'none'}; hosts whose template counts the host bound dropped: "
+        f"{capped or 'none'}; hosts idle past template_idle_days whose counts were dropped: "
         f"{stats['template_hosts_evicted']}"
     )
     if stats["decided"] or stats["rejected"]:

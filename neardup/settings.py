@@ -42,7 +42,7 @@ class EngineSettings(BaseModel):
     blocks: int = _DEFAULT.blocks
     bucket_cap: int = _DEFAULT.bucket_cap
     retention_days: int = _DEFAULT.retention_days
-    template_hosts: int = _DEFAULT.template_hosts
+    template_idle_days: int = _DEFAULT.template_idle_days
     max_bytes: int = _DEFAULT.max_bytes
     max_text_chars: int = _DEFAULT.max_text_chars
     extract_timeout_s: float = _DEFAULT.extract_timeout_s

@@ -39,7 +39,7 @@ class _StageCollector:
         yield capped
         dropped = CounterMetricFamily(
             "neardup_template_hosts_dropped",
-            "Hosts whose template counts the host bound (template_hosts) dropped",
+            "Hosts whose template counts were dropped after template_idle_days without a page",
         )
         dropped.add_metric([], engine.templates.hosts_evicted)
         yield dropped

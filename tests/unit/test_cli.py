@@ -305,16 +305,33 @@ def test_the_summary_says_what_the_bounds_dropped(
     pages = tmp_path / "pages.jsonl"
     pages.write_text(
         "".join(
-            line(raw_page(f"https://s{i}.example.cn/a", text, "寒潮来袭")) + "\n" for i in range(20)
+            line(
+                raw_page(
+                    f"https://s{i}.example.cn/a",
+                    text,
+                    "寒潮来袭",
+                    fetched_at=f"2026-03-{i + 1:02}T00:00:00Z",
+                )
+            )
+            + "\n"
+            for i in range(20)
         ),
         encoding="utf-8",
     )
     out = tmp_path / "d.jsonl"
-    sets = ["--set", "bucket_cap=16", "--set", "template_hosts=4", "--set", "extract_timeout_s=0"]
+    sets = [
+        "--set",
+        "bucket_cap=16",
+        "--set",
+        "template_idle_days=4",
+        "--set",
+        "extract_timeout_s=0",
+    ]
     assert main(["dedup", str(pages), "--out", str(out), *sets]) == 0
     assert len(read(out)) == 20
     err = capsys.readouterr().err
     # 20 pages of one short text: 8 SimHash buckets, 2 period strings and 8 of its smallest
     # 5-gram hashes each, full after 16
     assert "index entries not added, bucket full: simhash 32, strings 8, minhash 32;" in err
-    assert "hosts whose template counts the host bound dropped: 16\n" in err
+    # a new host a day, 4 idle days allowed: by the 20th day the first 15 are swept
+    assert "hosts idle past template_idle_days whose counts were dropped: 15\n" in err

@@ -141,6 +141,25 @@ def test_redeciding_a_page_id_returns_the_same_decision_and_never_itself() -> No
     assert first.decision["decision"] == "unique" and again.merges == ()
 
 
+def test_a_page_id_seen_again_on_another_host_counts_there_and_keeps_its_decision() -> None:
+    # the Kafka topology counts template text per host, where no other host is known:
+    # the id's second page counts on its own host, and its decision is the first one
+    eng = Engine(MemoryKV(), CFG.with_overrides(extract_timeout_s=0))
+    msg = raw_page("https://a.example.cn/1", ARTICLES["museum"], "博物馆", page_id="p-1")
+    moved = raw_page("https://b.example.cn/1", ARTICLES["museum"], "博物馆", page_id="p-1")
+    first, again, third = run(eng, [msg, moved, moved])
+    assert isinstance(first, Outcome) and isinstance(again, Outcome)
+    assert isinstance(third, Outcome)
+    assert again.repeated and again.decision == first.decision and again.merges == ()
+    pid = page_pid("p-1")
+    assert eng.templates.seen("a.example.cn", pid, 0) and eng.templates.seen("b.example.cn", pid, 0)
+    assert third.repeated and third.decision == first.decision
+    # the first sketch stays: a later copy is matched against what was decided
+    copy = raw_page("https://c.example.cn/9", ARTICLES["museum"], "博物馆")
+    (dup,) = run(eng, [copy])
+    assert isinstance(dup, Outcome) and dup.decision["duplicate_of"] == "p-1"
+
+
 def test_bad_input_becomes_rejections_and_the_run_goes_on() -> None:
     eng = Engine(MemoryKV(), CFG)
     outs = [

@@ -180,10 +180,10 @@ def test_the_sandbox_limits_come_from_the_environment(monkeypatch: pytest.Monkey
     monkeypatch.setenv("NEARDUP_ENGINE__EXTRACT_TIMEOUT_S", "2.5")
     monkeypatch.setenv("NEARDUP_ENGINE__EXTRACT_MAX_MB", "512")
     monkeypatch.setenv("NEARDUP_ENGINE__MAX_TEXT_CHARS", "200000")
-    monkeypatch.setenv("NEARDUP_ENGINE__TEMPLATE_HOSTS", "5000")
+    monkeypatch.setenv("NEARDUP_ENGINE__TEMPLATE_IDLE_DAYS", "45")
     cfg = Settings().engine_config()
     assert (cfg.extract_timeout_s, cfg.extract_max_mb, cfg.max_text_chars) == (2.5, 512, 200000)
-    assert cfg.template_hosts == 5000
+    assert cfg.template_idle_days == 45
     monkeypatch.setenv("NEARDUP_ENGINE__EXTRACT_TIMEOUT_S", "-1")
     with pytest.raises(ValueError, match="extract_timeout_s"):
         Settings().engine_config()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import struct
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -167,135 +165,87 @@ def test_a_frequent_string_stays_template_across_generations() -> None:
     assert all(hits[5:])
 
 
+DAY_MS = 86_400_000
+
+
 def _hosts_kept(kv: MemoryKV) -> int:
     return sum(1 for k in kv.data if k.startswith(b"H"))
 
 
-def test_the_number_of_hosts_is_bounded() -> None:
+def test_hosts_idle_past_the_limit_are_swept_so_the_number_kept_is_bounded() -> None:
     inner = MemoryKV()
     kv = BufferedKV(inner)
-    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=100))
+    tf = TemplateFilter(kv, CFG.with_overrides(template_idle_days=3))
     kept = []
-    for page in range(2000):  # every page from a host never seen before
-        tf.filter(f"h{page}.example.cn", [page * 10 + j for j in range(5)])
+    for page in range(200):  # 20 new hosts a day, each seen once
+        day = page // 20
+        tf.filter(f"h{page}.example.cn", [page * 10 + j for j in range(5)], order=day * DAY_MS)
         kv.commit()
         kept.append(_hosts_kept(inner))
-    assert max(kept) == kept[-1] == 100  # bounded, and the bound is used
-    assert sum(1 for k in inner.data if k.startswith(b"Q")) == 100
-    assert sum(1 for k in inner.data if k.startswith(b"T")) == 100 * 5
-    assert tf.hosts_evicted == 1900
+    # hosts of the last 4 days (today and 3 idle days) are kept, older ones swept
+    assert max(kept) == 80 and kept[-1] == 80
+    assert sum(1 for k in inner.data if k.startswith(b"T")) == 80 * 5
+    assert tf.hosts_evicted == 120
 
 
-def test_a_lower_bound_shrinks_the_host_queue_two_places_a_page() -> None:
-    inner = MemoryKV()
-    kv = BufferedKV(inner)
-    _other_hosts(TemplateFilter(kv, CFG.with_overrides(template_hosts=100)), kv, 100)
-    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=40))
-    kept = []
-    for page in range(70):  # a host placed recently: no new place, only pops
-        tf.filter("h99.example.cn", [page])
+def test_a_host_idle_past_the_limit_starts_afresh_even_before_it_is_swept() -> None:
+    kv = BufferedKV(MemoryKV())
+    tf = TemplateFilter(kv, CFG.with_overrides(template_idle_days=3, template_min_df=3))
+    for _ in range(4):
+        template, seen = tf.filter("a.example.cn", [1], order=0)
         kv.commit()
-        kept.append(_hosts_kept(inner))
-    assert kept[:3] == [98, 96, 94] and kept[-1] == 40
+    assert template == {1} and seen == 3
+    template, seen = tf.filter("a.example.cn", [1], order=3 * DAY_MS)  # 3 idle days: kept
+    kv.rollback()
+    assert template == {1} and seen == 4
+    template, seen = tf.filter("a.example.cn", [1], order=4 * DAY_MS)  # 4: afresh
+    kv.commit()
+    assert template == set() and seen == 0
+    template, seen = tf.filter("a.example.cn", [1], order=4 * DAY_MS)
+    assert seen == 1
+
+
+def test_the_idle_rule_reads_only_the_hosts_own_pages() -> None:
+    # what another host does in between changes nothing for this one: a worker that
+    # holds some hosts decides like one that holds all of them
+    def run(others: int) -> list[set[int]]:
+        kv = BufferedKV(MemoryKV())
+        tf = TemplateFilter(kv, CFG.with_overrides(template_idle_days=2, template_min_df=2))
+        out = []
+        for page in range(12):
+            template, _ = tf.filter("a.example.cn", [1, 100 + page], order=page * DAY_MS)
+            kv.commit()
+            out.append(template)
+            for j in range(others):
+                tf.filter(f"o{page}-{j}.example.cn", [1], order=page * DAY_MS + j)
+                kv.commit()
+        return out
+
+    assert run(0) == run(5)
 
 
 def test_dropped_hosts_are_counted_when_their_step_is_committed() -> None:
     kv = BufferedKV(MemoryKV())
-    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=2))
-    _other_hosts(tf, kv, 3)
-    assert tf.hosts_evicted == 1
-    tf.filter("x.example.cn", [1])  # drops a host in a step that is rolled back
+    tf = TemplateFilter(kv, CFG.with_overrides(template_idle_days=1))
+    tf.filter("a.example.cn", [1], order=0)
+    kv.commit()
+    tf.filter("x.example.cn", [1], order=5 * DAY_MS)  # sweeps a host in a step rolled back
     kv.rollback()
+    assert tf.hosts_evicted == 0
+    tf.filter("x.example.cn", [1], order=5 * DAY_MS)
+    kv.commit()
     assert tf.hosts_evicted == 1
-    tf.filter("x.example.cn", [1])
-    kv.commit()
-    assert tf.hosts_evicted == 2
 
 
-def test_a_host_seen_regularly_keeps_its_template_while_others_pass() -> None:
+def test_a_page_id_is_seen_by_its_host_only() -> None:
     kv = BufferedKV(MemoryKV())
-    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=100, template_min_df=5))
-    hits = []
-    for page in range(3000):
-        if page % 40 == 0:  # once every 40 pages, well inside half the bound
-            template, _ = tf.filter("busy.example.cn", [7, 10**6 + page])
-            hits.append(7 in template)
-        else:
-            tf.filter(f"h{page}.example.cn", [page])
-        kv.commit()
-    assert hits[5:] and all(hits[5:]) and not any(hits[:5])
-
-
-def test_a_page_of_a_queued_host_leaves_the_queue_ends_alone() -> None:
-    # in the worker each write of the state is a changelog record: the queue's ends are
-    # written only when a page moves them
-    inner = MemoryKV()
-    kv = BufferedKV(inner)
-    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=10))
-    writes: list[bytes] = []
-    write = inner.write
-
-    def recording(
-        records: Sequence[tuple[bytes, bytes | None]], prefixes: Sequence[bytes] = ()
-    ) -> None:
-        writes.extend(k for k, _ in records)
-        write(records, prefixes)
-
-    inner.write = recording  # type: ignore[method-assign]
-    tf.filter("a.example.cn", [1])
+    tf = TemplateFilter(kv, CFG)
+    assert not tf.seen("a.example.cn", 42, 0)
+    tf.filter("a.example.cn", [1], pid=42, order=0)
     kv.commit()
-    assert b"F" in writes  # a new host: the queue's end moved
-    writes.clear()
-    tf.filter("a.example.cn", [2])
-    kv.commit()
-    assert writes and b"F" not in writes
-    # a lower bound: the page of a host placed recently pops two places off the front,
-    # and only the front moves
-    _other_hosts(tf, kv, 8)
-    (before,) = inner.get_many([b"F"])
-    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=4))
-    writes.clear()
-    tf.filter("h7.example.cn", [3])
-    kv.commit()
-    (after,) = inner.get_many([b"F"])
-    assert b"F" in writes
-    assert before is not None and after is not None
-    (front, end), (new_front, new_end) = struct.unpack("<QQ", before), struct.unpack("<QQ", after)
-    assert (new_front, new_end) == (front + 2, end)
-
-
-def _other_hosts(tf: TemplateFilter, kv: BufferedKV, pages: int) -> None:
-    """``pages`` pages, each from a host not seen before."""
-    for page in range(pages):
-        tf.filter(f"h{page}.example.cn", [page])
-        kv.commit()
-
-
-def test_a_host_dropped_by_the_bound_learns_again_from_nothing() -> None:
-    kv = BufferedKV(MemoryKV())
-    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=10, template_min_df=3))
-    for _ in range(4):
-        template, seen = tf.filter("a.example.cn", [1])
-        kv.commit()
-    assert template == {1} and seen == 3
-    _other_hosts(tf, kv, 30)
-    template, seen = tf.filter("a.example.cn", [1])
-    assert template == set() and seen == 0
-
-
-def test_a_host_counted_before_the_bound_existed_joins_the_queue() -> None:
-    # state written before the host queue: a host's record was its page count alone
-    inner = MemoryKV()
-    kv = BufferedKV(inner)
-    tf = TemplateFilter(kv, CFG.with_overrides(template_hosts=10, template_min_df=3))
-    hk = TemplateFilter._host_key("a.example.cn")
-    count_key = b"T" + hk + (0).to_bytes(4, "big") + (1).to_bytes(8, "big")
-    inner.put_many([(b"H" + hk, (3).to_bytes(8, "little")), (count_key, (3).to_bytes(4, "little"))])
-    template, seen = tf.filter("a.example.cn", [1])
-    kv.commit()
-    assert template == {1} and seen == 3
-    _other_hosts(tf, kv, 30)
-    assert b"H" + hk not in inner.data  # it was queued, so the bound reached it
+    assert tf.seen("a.example.cn", 42, 0)
+    assert not tf.seen("b.example.cn", 42, 0)
+    assert not tf.seen("a.example.cn", 43, 0)
 
 
 # -- clusters ------------------------------------------------------------------------
