@@ -1,0 +1,117 @@
+"""The buckets task: a share of the fingerprint index, probed in key order.
+
+Buckets task b reads partition b of the probes topic: from every hosts task, one ``Probe``
+for each page that has buckets here (SimHash blocks, period strings, the smallest 5-gram
+hashes of a short page: ``KVIndex.keys``, owned by ``partition_of_bucket``), with each
+hosts task's marks. It holds the probes behind its watermark and applies them in key
+order, so that every bucket sees the pages in the order ``neardup dedup`` adds them. A
+probe's answer is what its buckets held before the page (their values as
+``KVIndex.lookup`` reads them, None for an empty one); then the page's entry is added
+(``KVIndex.appended``: expired entries go, a full bucket takes nothing). The answer goes
+to the page's decide task.
+
+The buckets are kept under the index's own keys, with the index's values: a bucket here
+is the bucket ``neardup dedup`` would hold. Exactly-once delivery means a probe is applied
+once, so no per-entry sequence numbers are needed to answer a probe sent again.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from neardup.config import EngineConfig
+from neardup.flow.messages import (
+    PAGES,
+    Answer,
+    Mark,
+    Out,
+    Probe,
+    WireError,
+    decode,
+    encode,
+)
+from neardup.flow.watermark import ScanKV, Watermark
+from neardup.index import KVIndex
+
+#: Where the probes waiting for the watermark are kept (bucket keys start with a letter).
+PREFIX = b"\x01b"
+
+
+def index_part(key: bytes) -> str:
+    """The part of the index a bucket key belongs to, as ``KVIndex.capped`` counts it."""
+    return {b"P": "simhash", b"S": "simhash", b"C": "strings", b"B": "minhash"}[key[:1]]
+
+
+def probe_buckets(index: KVIndex, probe: Probe) -> Answer:
+    """Answer ``probe`` from the buckets in ``index.kv``, then add its entry to them.
+    A full bucket is counted in ``index.capped``."""
+    keys = list(dict.fromkeys(probe.keys))
+    before = dict(zip(keys, index.kv.get_many(keys), strict=True))
+    writes: list[tuple[bytes, bytes]] = []
+    for key in keys:
+        new = index.appended(before[key], probe.entry)
+        if new is None:
+            index.capped[index_part(key)] += 1
+        else:
+            writes.append((key, new))
+    if writes:
+        index.kv.put_many(writes)
+    return Answer(probe.key, probe.pid, probe.keys, tuple(before[k] for k in probe.keys))
+
+
+class BucketsTask:
+    """Partition ``partition`` of the probes topic, with its buckets in ``store``."""
+
+    def __init__(
+        self,
+        store: ScanKV,
+        cfg: EngineConfig,
+        partition: int,
+        partitions: int,
+        *,
+        wait: float = math.inf,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``partitions``: the number of hosts tasks (the sources of marks). ``wait``:
+        ``order_wait`` (``neardup.flow.watermark``)."""
+        self.partition = partition
+        self.index = KVIndex(store, cfg)
+        self.watermark = Watermark(store, PREFIX, partitions, wait, clock)
+        #: probes, late (this process); full buckets are in ``index.capped``
+        self.counts: Counter[str] = Counter()
+        self.load()
+
+    def load(self) -> None:
+        """Read the state from the store: at the start, and after an aborted step."""
+        self.watermark.load()
+
+    def step(self, raw: bytes, arrived: float = -math.inf) -> list[Out]:
+        """Take one record of the task's probes partition, which reached it at ``arrived``
+        (its timestamp, Unix seconds); the answers to send."""
+        msg = decode(raw)
+        if isinstance(msg, Mark):
+            self.watermark.on_mark(msg)
+        elif isinstance(msg, Probe):
+            if not self.watermark.add(msg.key, raw, arrived):
+                self.counts["late"] += 1
+        else:
+            raise WireError(f"a {type(msg).__name__} does not belong on a probes partition")
+        return self.release()
+
+    def release(self) -> list[Out]:
+        """The answers of every probe the watermark lets go now, in key order."""
+        out: list[Out] = []
+        for _, raw in self.watermark.release():
+            probe = decode(raw)
+            assert isinstance(probe, Probe)  # (only probes are held)
+            answer = probe_buckets(self.index, probe)
+            self.counts["probes"] += 1
+            out.append(Out(PAGES, probe.page_partition, probe.key[1].encode(), encode(answer)))
+        return out
+
+    def tick(self) -> list[Out]:
+        """What the step ends with: the answers of the probes a wait over lets go."""
+        return self.release()

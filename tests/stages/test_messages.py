@@ -1,0 +1,201 @@
+"""The partitioned topology's messages: every one round-trips, and a record that is not
+one is refused with ``WireError``, never another exception."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neardup.config import EngineConfig
+from neardup.decide import Kind
+from neardup.engine import Analysed, analyse, for_decision
+from neardup.fingerprint import Fingerprints
+from neardup.flow import messages as m
+from neardup.records import RawPage
+
+CFG = EngineConfig()
+
+u64 = st.integers(0, 2**64 - 1)
+i64 = st.integers(-(2**63), 2**63 - 1)
+u32 = st.integers(0, 2**32 - 1)
+# UTF-8 carries every character but a lone surrogate (the engine refuses those)
+text = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
+keys = st.tuples(i64, text)
+floats = st.floats(allow_nan=False)
+blobs = st.binary(max_size=40)
+
+
+@st.composite
+def records(draw: st.DrawFn) -> m.PageRecord:
+    return m.PageRecord(draw(text), draw(text), draw(i64), draw(u32), draw(blobs))
+
+
+@st.composite
+def analysed(draw: st.DrawFn) -> Analysed:
+    page = RawPage(draw(text), draw(text), "2026-03-01T08:00:00Z", "text/html", "")
+    strings = tuple(sorted(set(draw(st.lists(u64, max_size=6)))))
+    fps = Fingerprints(draw(u64), draw(u64), strings, draw(u32), draw(u32), draw(blobs))
+    return Analysed(page, draw(u64), draw(i64), draw(text), draw(text), 12, fps, "utf-8", "meta")
+
+
+page_keys = st.tuples(u64, i64, text)
+edge_matches = st.builds(
+    m.EdgeMatch,
+    u64,
+    i64,
+    text,
+    st.sampled_from(["duplicate", "contained", "contains"]),
+    st.integers(0, 64),
+    floats,
+    floats,
+    st.booleans(),
+)
+answers = st.lists(st.tuples(blobs, st.none() | blobs), max_size=5).flatmap(
+    lambda pairs: st.builds(
+        m.Answer,
+        keys,
+        u64,
+        st.just(tuple(k for k, _ in pairs)),
+        st.just(tuple(v for _, v in pairs)),
+    )
+)
+messages = st.one_of(
+    st.builds(m.Mark, u32, st.none() | keys, st.none() | floats),
+    st.builds(m.PageIn, keys, analysed()),
+    st.builds(m.Probe, keys, u64, u32, st.lists(blobs, max_size=5).map(tuple), blobs),
+    answers,
+    st.builds(m.ToDecide, keys, analysed(), u32, records(), st.booleans()),
+    st.builds(m.SketchAsk, keys, u64, st.lists(u64, max_size=8).map(tuple)),
+    st.builds(m.SketchReply, keys, u64, st.lists(st.tuples(u64, records()), max_size=4).map(tuple)),
+    st.builds(
+        m.Edge,
+        keys,
+        u64,
+        st.lists(edge_matches, max_size=4).map(tuple),
+        st.lists(st.tuples(u64, floats), max_size=4).map(tuple),
+    ),
+    st.builds(
+        m.Verdict,
+        keys,
+        u64,
+        st.lists(u64, max_size=5).map(tuple),
+        page_keys,
+        st.lists(page_keys, max_size=3).map(tuple),
+    ),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(messages)
+def test_every_message_round_trips(msg: m.Msg) -> None:
+    raw = m.encode(msg)
+    assert m.decode(raw) == msg
+    assert raw[1] == m.VERSION
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages, st.data())
+def test_a_record_cut_short_or_with_bytes_left_over_is_refused(
+    msg: m.Msg, data: st.DataObject
+) -> None:
+    raw = m.encode(msg)
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    with pytest.raises(m.WireError):
+        m.decode(raw[:cut])
+    with pytest.raises(m.WireError):
+        m.decode(raw + b"\x00")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=80))
+def test_any_bytes_decode_to_a_message_or_a_wire_error(raw: bytes) -> None:
+    try:
+        msg = m.decode(raw)
+    except m.WireError:
+        return
+    assert isinstance(msg, m.Mark | m.SketchAsk | m.Verdict | m.Edge | m.Probe | m.Answer)
+
+
+def test_an_unknown_type_or_another_version_is_refused() -> None:
+    good = m.encode(m.Mark(3, (10, "页"), None))
+    for bad, says in (
+        (bytes([99]) + good[1:], "unknown message type 99"),
+        (bytes([0]) + good[1:], "unknown message type 0"),
+        (good[:1] + bytes([m.VERSION + 1]) + good[2:], "version"),
+        (b"", "holds no message"),
+    ):
+        with pytest.raises(m.WireError, match=says):
+            m.decode(bad)
+
+
+def test_a_page_for_decision_round_trips_without_its_body() -> None:
+    body = (
+        "<html><head><title>社区图书角开放</title></head><body><p>本周六上午，"
+        "东湖社区的图书角正式开放，居民可以免费借阅两千多册图书。社区工作人员说，"
+        "这些书大多来自居民捐赠，以后每月还会更新一次。</p><p>不少家长带着孩子前来看书，"
+        "一位老人说，退休以后终于有了一个安静读报的好去处。</p></body></html>"
+    )
+    page = RawPage("bk-1", "https://news.example/a/1", "2026-03-01T08:00:00Z", "text/html", body)
+    a = analyse(page, CFG)
+    assert isinstance(a, Analysed) and a.fps.piece_strings  # carries the template data
+    record = m.PageRecord("bk-1", page.url, a.order, a.fps.shingles, a.fps.sketch)
+    for msg in (
+        m.PageIn((a.order, "bk-1"), a),
+        m.ToDecide((a.order, "bk-1"), for_decision(a), 3, record, False),
+    ):
+        back = m.decode(m.encode(msg))
+        assert isinstance(back, m.PageIn | m.ToDecide)
+        assert back.analysed.page.body == ""
+        got, want = back.analysed, msg.analysed
+        assert got.fps == want.fps and got.line_keys == want.line_keys
+        assert (got.pid, got.order, got.host, got.title) == (a.pid, a.order, a.host, a.title)
+
+
+def test_every_kind_of_match_travels_and_no_other() -> None:
+    for kind in Kind:
+        match = m.EdgeMatch(1, 2, "p", str(kind), 3, 0.5, 0.5, False)
+        edge = m.Edge((2, "q"), 4, (match,), ())
+        assert m.decode(m.encode(edge)) == edge
+    with pytest.raises(ValueError, match="kind"):
+        m.encode(m.Edge((2, "q"), 4, (replace(match, kind="similar"),), ()))
+    raw = bytearray(m.encode(edge))
+    raw[2 + (12 + 1) + 8 + 4 + 8 + 8] = 200  # the kind's byte
+    with pytest.raises(m.WireError, match="Edge"):
+        m.decode(bytes(raw))
+
+
+def test_marks_edges_and_verdicts_are_compact() -> None:
+    """The order topic's messages are packed, not JSON: a few bytes beyond their fields."""
+    mark = m.encode(m.Mark(7, (1_700_000_000_000, "p-000123"), 12.5))
+    # head, source, the frontier (a flag, its order, the page id's length and bytes), the time
+    assert len(mark) == 2 + 4 + (1 + 8 + 4 + 8) + (1 + 8)
+    match = m.EdgeMatch(5, 1_700_000_000_000, "p-000001", "duplicate", 2, 0.93, 1.0, True)
+    edge = m.encode(m.Edge((1_700_000_000_001, "p-000123"), 9, (match,), ((5, 1.0),)))
+    # head, key, pid, one match (pid, order, kind, distance, similarity, share, by_simhash,
+    # the page id's length and bytes), one share
+    assert len(edge) == 2 + 20 + 8 + 4 + (8 + 8 + 1 + 4 + 8 + 8 + 1 + 4 + 8) + 4 + 16
+
+
+@given(st.text(max_size=30), st.binary(max_size=30), u64, st.integers(1, 512))
+def test_partitions_are_stable_and_in_range(host: str, bucket: bytes, pid: int, n: int) -> None:
+    for part in (
+        m.partition_of_host(host, n),
+        m.partition_of_bucket(bucket, n),
+        m.partition_of_pid(pid, n),
+    ):
+        assert 0 <= part < n
+    assert m.partition_of_bucket(bucket, n) == zlib.crc32(bucket) % n
+    assert m.partition_of_host(host, n) == m.partition_of_host(str(host), n)
+
+
+def test_a_bucket_goes_where_the_routed_topology_sends_it() -> None:
+    from neardup.kafka.route import route
+
+    for key in (b"P\x00" + struct.pack(">Q", 12345), b"C" + bytes(8), b""):
+        for n in (1, 3, 8, 128):
+            assert m.partition_of_bucket(key, n) == route(key, n)
