@@ -138,8 +138,11 @@ class HostsTask:
         reached the downstream partitions before it."""
         out = self.release()
         drained_at = None
-        if drained and not len(self.watermark):
-            drained_at = self.clock() if as_of is None else as_of
+        upstream = self.watermark.drained_at()
+        if drained and not len(self.watermark) and upstream is not None:
+            # vouch for no more than the sources did: a page written upstream after the
+            # oldest of their drained marks may still be on its way here
+            drained_at = min(self.clock() if as_of is None else as_of, upstream)
         mark = Mark(self.partition, self.watermark.frontier(), drained_at)
         if drained_at is None and mark == self._last_mark:
             return out

@@ -221,9 +221,19 @@ class Watermark:
         """The key below which this partition releases nothing more (but late items): a
         downstream mark's frontier, once the items released are sent."""
         nxt = after(self.released) if self.released is not None else None
-        if self._w is None:
-            return nxt
-        return self._w if nxt is None else max(self._w, nxt)
+        front = nxt if self._w is None else (self._w if nxt is None else max(self._w, nxt))
+        if front is not None and self._heap and self._heap[0][0] < front:
+            # an item still held (a second one of a key released) must not be promised past
+            front = self._heap[0][0]
+        return front
+
+    def drained_at(self) -> float | None:
+        """The oldest of the sources' drained times, if every source's latest mark says it
+        was drained (else None): what a drained mark of this task may vouch for."""
+        times = [self._marks.get(s, Source()).drained_at for s in range(self.sources)]
+        if not times or any(t is None for t in times):
+            return None
+        return min(t for t in times if t is not None)
 
     def _blockers(self, item: tuple[Key, int]) -> Iterator[int]:
         """The sources that may still send an item with a key below ``item``'s."""

@@ -134,13 +134,19 @@ def test_a_drained_mark_is_sent_again_with_its_new_time(pages: list[Analysed]) -
     again, it lets go what came since. Held pages make a task not drained."""
     now = [10.0]
     hosts = HostsTask(MemoryKV(), CFG, 0, 1, clock=lambda: now[0])
+    # its analyse task has not said it is drained: nothing upstream is vouched for
+    assert [x.drained_at for _, x in sent(hosts.tick(drained=True), m.Mark)] == [None, None]
+    hosts.step(m.encode(m.Mark(0, None, 20.0)))
     assert [x.drained_at for _, x in sent(hosts.tick(drained=True), m.Mark)] == [10.0, 10.0]
     now[0] = 11.0
     assert [x.drained_at for _, x in sent(hosts.tick(drained=True), m.Mark)] == [11.0, 11.0]
-    a = pages[0]
     # the time as of which the runtime saw the task caught up: before it read the end
     assert [x.drained_at for _, x in sent(hosts.tick(True, as_of=10.5), m.Mark)] == [10.5] * 2
-    hosts.step(m.encode(m.PageIn(key(a), a)))  # held: no mark from its analyse task yet
+    # no later than its source's drained mark: a page written upstream since may be coming
+    hosts.step(m.encode(m.Mark(0, None, 10.2)))
+    assert [x.drained_at for _, x in sent(hosts.tick(drained=True), m.Mark)] == [10.2, 10.2]
+    a = pages[0]
+    hosts.step(m.encode(m.PageIn(key(a), a)), arrived=11.0)  # held: came after the last mark
     assert [x.drained_at for _, x in sent(hosts.tick(drained=True), m.Mark)] == [None, None]
 
 
