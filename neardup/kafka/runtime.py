@@ -1,0 +1,284 @@
+"""A worker: one consumer in the group, the tasks it was dealt, the loop that steps them
+and commits (``neardup.kafka.delivery``), and what a rebalance does to them.
+
+The consumer reads with ``isolation_level="read_committed"`` and commits nothing itself
+(each task's offsets go into its transaction). The group's assignor
+(``neardup.kafka.assignor``) deals whole tasks. On revocation, before the rebalance
+completes, each revoked task commits what it has done (or aborts it) and closes its
+producer; on assignment each new task starts its producer, restores its store and seeks
+to the group's committed offsets. The protocol is eager: a rebalance revokes every task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener  # type: ignore[import-untyped]
+from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
+
+from neardup.kafka.assignor import Layout, Task, task_assignor
+from neardup.kafka.delivery import Config, FencedError, ProducerBrokenError, StepFactory, TaskRunner
+
+log = logging.getLogger("neardup.kafka")
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.rt.revoke(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self.rt.assign(set(assigned))
+
+
+class Runtime:
+    """The worker: one consumer, the tasks it was dealt, the loop that steps and commits."""
+
+    def __init__(self, cfg: Config, layout: Layout, factory: StepFactory) -> None:
+        self.cfg, self.layout, self.factory = cfg, layout, factory
+        self.tasks: dict[str, TaskRunner] = {}
+        #: Tasks dealt to this worker that are not open, and when to try again.
+        self.waiting: dict[str, tuple[Task, float]] = {}
+        #: Tasks paused after a failure, and when to resume them.
+        self.paused: dict[str, float] = {}
+        self.lock = asyncio.Lock()
+        self.restore_lock = asyncio.Lock()
+        self.generation = 0
+        self.stopping = False
+        self.records = 0
+        self.commit_seconds: deque[float] = deque(maxlen=100_000)
+        kw = {"bootstrap_servers": cfg.bootstrap, "enable_auto_commit": False}
+        kw |= {"isolation_level": "read_committed", **cfg.client}
+        self.consumer = AIOKafkaConsumer(
+            group_id=cfg.app,
+            auto_offset_reset=cfg.auto_offset_reset,
+            partition_assignment_strategy=(task_assignor(layout),),
+            session_timeout_ms=cfg.session_timeout_ms,
+            heartbeat_interval_ms=max(cfg.session_timeout_ms // 5, 100),
+            **kw,
+        )
+        self.reader = AIOKafkaConsumer(group_id=None, **kw)
+
+    async def start(self) -> None:
+        await self.reader.start()
+        await self.consumer.start()
+        self.consumer.subscribe(list(self.cfg.topics), listener=_Listener(self))
+
+    def stop(self) -> None:
+        """Finish the current batch, commit every task and leave (safe from a signal)."""
+        self.stopping = True
+
+    async def run(self) -> None:
+        while not self.stopping:
+            generation = self.generation
+            try:
+                batch = await self.consumer.getmany(
+                    timeout_ms=self._wait_ms(), max_records=self.cfg.max_records
+                )
+            except KafkaError as exc:  # the broker away, a rebalance: fetch again
+                log.warning("fetch failed: %r", exc)
+                await asyncio.sleep(self.cfg.tick_ms / 1000)
+                continue
+            async with self.lock:
+                if generation != self.generation:
+                    # fetched across a rebalance: maybe from before a task's seek, maybe
+                    # after it; read it all again from where each task is
+                    for runner in self.tasks.values():
+                        for tp, offset in runner.next.items():
+                            self.consumer.seek(tp, offset)
+                    continue
+                await self._resume()
+                await self._step(batch)
+        async with self.lock:
+            for runner in list(self.tasks.values()):
+                await self._close(runner)
+
+    async def close(self) -> None:
+        await self.consumer.stop()
+        await self.reader.stop()
+
+    def _wait_ms(self) -> int:
+        """Up to a tick, but no later than the first pending task's commit."""
+        wait = self.cfg.tick_ms / 1000
+        now = time.monotonic()
+        for r in self.tasks.values():
+            if r.pending:
+                wait = min(wait, r.last_commit + self.cfg.commit_min_ms / 1000 - now)
+        return max(int(wait * 1000), 0)
+
+    async def _step(self, batch: Mapping[Any, Sequence[Any]]) -> None:
+        n = self.cfg.chunk_records
+        for runner in list(self.tasks.values()):
+            kv = runner.kv
+            assert kv is not None
+            records = runner.feed(batch)
+            self.records += len(records)
+            at = "tick"
+            try:
+                for i in range(0, len(records), n):
+                    at = f"{records[i].topic}[{records[i].partition}]@{records[i].offset}"
+                    chunk = records[i : i + n]
+                    runner.step.on_records(chunk, kv, runner.out)
+                    runner.stepped(chunk)
+                    more = i + n < len(records)
+                    early = more and runner.due(time.monotonic(), mid_batch=True)
+                    if early and not await self._commit(runner):
+                        break
+                else:
+                    now, at = time.monotonic(), "tick"
+                    if now - runner.last_tick >= self.cfg.tick_ms / 1000:
+                        runner.last_tick = now
+                        caught_up = await self._caught_up(runner)
+                        runner.step.on_tick(time.time(), kv, runner.out, caught_up)
+            except Exception:
+                log.exception("task %s failed at %s", runner.task.name, at)
+                self._rewind(runner)
+        due = [r for r in self.tasks.values() if r.due(time.monotonic(), mid_batch=False)]
+        await asyncio.gather(*(self._commit(r) for r in due))
+
+    async def _caught_up(self, runner: TaskRunner) -> bool:
+        for tp in runner.task.inputs:
+            lso = self.consumer.last_stable_offset(tp)
+            # the position, not the runner's next offset: it is past transaction markers
+            if lso is None or await self.consumer.position(tp) < lso:
+                return False
+        return True
+
+    async def _commit(self, runner: TaskRunner, final: bool = False) -> bool:
+        """Commit ``runner``'s step; False if it failed (the task is rewound or dropped)."""
+        if not runner.pending:
+            return True
+        try:
+            self.commit_seconds.append(await runner.commit(self.cfg.app))
+        except FencedError as exc:
+            log.warning("task %s fenced (%s): dropped, its new owner has it", runner.task.name, exc)
+            await self._drop(runner, None if final else self.cfg.session_timeout_ms / 1000)
+            return False
+        except ProducerBrokenError:
+            # opened again no sooner than a fenced task: a zombie must not fence the owner
+            log.exception("task %s: its producer failed", runner.task.name)
+            await self._drop(runner, None if final else self.cfg.session_timeout_ms / 1000)
+            return False
+        except Exception:
+            log.exception("task %s: commit failed", runner.task.name)
+            self._rewind(runner)
+            return False
+        runner.failures = 0
+        return True
+
+    async def _close(self, runner: TaskRunner) -> None:
+        """Commit what the task has done, or abort it, and close it."""
+        await self._commit(runner, final=True)
+        if runner.task.name in self.tasks:
+            await self._drop(runner, None)
+
+    def _rewind(self, runner: TaskRunner) -> None:
+        """Replay from the committed offsets, after a pause that doubles with each failure
+        in a row (a step that fails on a record fails again on its replay)."""
+        log.warning("task %s: replaying from %s", runner.task.name, runner.committed)
+        runner.rewind(self.consumer)
+        runner.failures += 1
+        self.consumer.pause(*runner.task.inputs)
+        self.paused[runner.task.name] = time.monotonic() + min(0.05 * 2**runner.failures, 10)
+
+    async def _drop(self, runner: TaskRunner, retry_s: float | None) -> None:
+        """Close a task. When ``retry_s`` is given and the group still has it here then, it
+        is opened again: a fenced task whose transaction timed out has no other owner."""
+        self.tasks.pop(runner.task.name, None)
+        self.paused.pop(runner.task.name, None)
+        await runner.close()
+        if retry_s is not None:
+            self.consumer.pause(*runner.task.inputs)
+            self.waiting[runner.task.name] = (runner.task, time.monotonic() + retry_s)
+
+    async def _resume(self) -> None:
+        """Resume paused tasks and open waiting ones whose time has come."""
+        now = time.monotonic()
+        for name, when in list(self.paused.items()):
+            if when <= now:
+                del self.paused[name]
+                if name in self.tasks:
+                    self.consumer.resume(*self.tasks[name].task.inputs)
+        ready = [task for task, when in self.waiting.values() if when <= now]
+        for task in ready:
+            del self.waiting[task.name]
+        if ready:
+            await self._open(ready)
+
+    async def _open(self, tasks: Sequence[Task]) -> None:
+        results = await asyncio.gather(
+            *(
+                TaskRunner.open(
+                    t,
+                    self.factory,
+                    self.cfg,
+                    consumer=self.consumer,
+                    reader=self.reader,
+                    restore_lock=self.restore_lock,
+                )
+                for t in tasks
+            ),
+            return_exceptions=True,
+        )
+        for task, result in zip(tasks, results, strict=True):
+            if isinstance(result, TaskRunner):
+                self.tasks[task.name] = result
+                self.consumer.resume(*task.inputs)
+            else:
+                log.error("task %s did not open (%r): trying again", task.name, result)
+                self.consumer.pause(*task.inputs)
+                self.waiting[task.name] = (task, time.monotonic() + 1.0)
+
+    async def revoke(self, revoked: set[Any]) -> None:
+        async with self.lock:
+            self.generation += 1
+            for runner in list(self.tasks.values()):
+                if revoked & set(runner.task.inputs):
+                    await self._close(runner)
+            self.waiting = {n: w for n, w in self.waiting.items() if not revoked & set(w[0].inputs)}
+
+    async def assign(self, assigned: set[Any]) -> None:
+        async with self.lock:
+            self.generation += 1
+            counts = {}
+            for topic in self.cfg.topics:
+                partitions = self.consumer.partitions_for_topic(topic)
+                if partitions:
+                    counts[topic] = len(partitions)
+            mine = []
+            for task in self.layout(counts):
+                inputs = set(task.inputs)
+                if inputs <= assigned and task.name not in self.tasks:
+                    mine.append(task)
+                elif inputs & assigned and not inputs <= assigned:
+                    log.error(
+                        "task %s was dealt in part (%s): not run", task.name, inputs & assigned
+                    )
+            await self._open(mine)
+
+
+def run(cfg: Config, layout: Layout, factory: StepFactory) -> None:
+    """Run a worker until SIGTERM or SIGINT, then commit, close and return. Everything it
+    takes can be pickled when ``layout`` and ``factory`` are module-level, so a test can
+    run it in a child process."""
+
+    async def main() -> None:
+        rt = Runtime(cfg, layout, factory)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, rt.stop)
+        await rt.start()
+        try:
+            await rt.run()
+        finally:
+            await rt.close()
+
+    asyncio.run(main())

@@ -1,0 +1,214 @@
+"""A task's state: its RocksDB store, the overlay that holds one transaction's writes, and
+the restore from the task's changelog partition.
+
+The store is never ahead of the changelog: the runtime (``neardup.kafka.delivery``) writes
+an overlay to RocksDB only after the transaction that sent its changelog records has
+committed, in one write batch with the changelog offset it reached. A crash between the
+two leaves the store behind, and ``open_store`` catches up from that offset, reading
+committed records only; records of aborted transactions never reach the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from neardup.store import RocksKV
+
+log = logging.getLogger("neardup.kafka")
+
+#: Keys under this prefix are the runtime's own; a step must not write them.
+RESERVED = b"\x00delivery:"
+#: The next changelog offset the store holds (decimal ASCII).
+OFFSET_KEY = RESERVED + b"offset"
+#: The changelog partition the store mirrors, ``topic:partition``.
+SOURCE_KEY = RESERVED + b"source"
+#: Changelog records applied in one RocksDB write batch while restoring.
+RESTORE_BATCH = 5000
+
+
+class Overlay:
+    """The task's key-value view during one transaction: reads see this transaction's
+    writes, then the store; writes wait here until the runtime commits them.
+
+    It has the methods of ``neardup.store.KV`` (and ``on_commit``, as ``BufferedKV``), so
+    the engine's state objects run over it. A prefix delete takes effect at once, for the
+    keys the store and the overlay hold at that moment: each becomes a tombstone, which is
+    what the changelog needs."""
+
+    def __init__(self, store: RocksKV) -> None:
+        self.store = store
+        self.dirty: dict[bytes, bytes | None] = {}
+        #: Bytes put since the last commit (overwrites counted again): the commit size cap.
+        self.nbytes = 0
+        self._on_commit: list[Callable[[], None]] = []
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        dirty = self.dirty
+        if not dirty:
+            return self.store.get_many(keys)
+        out: list[bytes | None] = []
+        misses: list[int] = []
+        for i, k in enumerate(keys):
+            if k in dirty:
+                out.append(dirty[k])
+            else:
+                out.append(None)
+                misses.append(i)
+        if misses:
+            found = self.store.get_many([keys[i] for i in misses])
+            for i, v in zip(misses, found, strict=True):
+                out[i] = v
+        return out
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        dirty = self.dirty
+        n = 0
+        for k, v in items:
+            dirty[k] = v
+            n += len(k) + len(v)
+        self.nbytes += n
+
+    def delete_many(self, keys: Iterable[bytes]) -> None:
+        dirty = self.dirty
+        for k in keys:
+            dirty[k] = None
+            self.nbytes += len(k)
+
+    def delete_prefix(self, prefix: bytes) -> None:
+        keys = [k for k, _ in self.store.scan(prefix) if not k.startswith(RESERVED)]
+        keys += [k for k in self.dirty if k.startswith(prefix)]
+        self.delete_many(keys)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The keys under ``prefix`` with their values, in key order: this transaction's
+        writes over the store's."""
+        merged: dict[bytes, bytes | None] = {
+            k: v for k, v in self.store.scan(prefix) if not k.startswith(RESERVED)
+        }
+        merged.update((k, v) for k, v in self.dirty.items() if k.startswith(prefix))
+        for k in sorted(merged):
+            v = merged[k]
+            if v is not None:
+                yield k, v
+
+    def write(
+        self, records: Sequence[tuple[bytes, bytes | None]], prefixes: Sequence[bytes] = ()
+    ) -> None:
+        for prefix in prefixes:
+            self.delete_prefix(prefix)
+        for k, v in records:
+            if v is None:
+                self.delete_many([k])
+            else:
+                self.put_many([(k, v)])
+
+    def on_commit(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once this transaction's writes are in the store; never if it is
+        aborted. ``fn`` must not raise."""
+        self._on_commit.append(fn)
+
+    def drop(self) -> None:
+        """Forget this transaction's writes (it was aborted)."""
+        self.dirty = {}
+        self.nbytes = 0
+        self._on_commit = []
+
+    def flush(self, next_offset: int | None) -> None:
+        """Write this transaction's writes to the store in one batch, with the changelog
+        offset after its records (None: it wrote none), then run the ``on_commit`` calls."""
+        records = list(self.dirty.items())
+        if next_offset is not None:
+            records.append((OFFSET_KEY, str(next_offset).encode()))
+        if records:
+            self.store.write(records)
+        done = self._on_commit
+        self.drop()
+        for fn in done:
+            fn()
+
+    def close(self) -> None:
+        """The store is the runtime's to close."""
+
+
+def stored_offset(store: RocksKV) -> tuple[str | None, int]:
+    """The changelog partition the store mirrors (None: a new store) and the next
+    changelog offset it holds."""
+    source, offset = store.get_many([SOURCE_KEY, OFFSET_KEY])
+    return (
+        None if source is None else source.decode(),
+        0 if offset is None else int(offset),
+    )
+
+
+def items(store: RocksKV) -> Iterator[tuple[bytes, bytes]]:
+    """The step's items in the store, without the runtime's own keys."""
+    for key, value in store.scan(b""):
+        if not key.startswith(RESERVED):
+            yield key, value
+
+
+async def open_store(path: str, changelog: Any, reader: Any) -> RocksKV:
+    """The task's store at ``path``, caught up with its ``changelog`` TopicPartition.
+
+    ``reader``: a started AIOKafkaConsumer with no group and
+    ``isolation_level="read_committed"``, used by nothing else meanwhile. The task's transactional
+    producer must have been started first: that completes or aborts the transaction a
+    previous owner left open, so the end offset read here is final.
+
+    A store whose offset lies outside the changelog (the topics were made again, or the
+    records it still needs were deleted) is discarded and rebuilt from the changelog."""
+    name = f"{changelog.topic}:{changelog.partition}"
+    begin = (await reader.beginning_offsets([changelog]))[changelog]
+    end = (await reader.end_offsets([changelog]))[changelog]
+    store = RocksKV(path)
+    source, offset = stored_offset(store)
+    fresh = source is None and offset == 0 and next(items(store), None) is None
+    if not fresh and (source != name or not begin <= offset <= end):
+        log.warning(
+            "state at %s (changelog %s, offset %d) does not fit changelog %s [%d, %d): "
+            "rebuilding it from the changelog",
+            path,
+            source,
+            offset,
+            name,
+            begin,
+            end,
+        )
+        store.close()
+        shutil.rmtree(path)
+        store = RocksKV(path)
+        offset = 0
+    store.write([(SOURCE_KEY, name.encode())])
+    try:
+        await _catch_up(store, changelog, reader, max(offset, begin), end)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+async def _catch_up(store: RocksKV, tp: Any, reader: Any, start: int, end: int) -> None:
+    """Apply the committed changelog records in [start, end) to ``store``."""
+    if start >= end:
+        return
+    reader.assign([tp])
+    reader.seek(tp, start)
+    pending: dict[bytes, bytes | None] = {}
+    applied = start
+    while (position := await reader.position(tp)) < end:
+        # short: a fetch of markers only moves the position but ends no wait
+        fetched = await reader.getmany(tp, timeout_ms=100, max_records=RESTORE_BATCH)
+        for record in fetched.get(tp, ()):
+            if record.offset < end:
+                pending[record.key] = record.value
+        position = await reader.position(tp)
+        if len(pending) >= RESTORE_BATCH or position >= end:
+            applied = min(position, end)
+            store.write([*pending.items(), (OFFSET_KEY, str(applied).encode())])
+            pending = {}
+    if applied < end:  # the last records were markers only
+        store.write([(OFFSET_KEY, str(end).encode())])
+    reader.unsubscribe()
