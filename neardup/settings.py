@@ -113,9 +113,11 @@ class Settings(BaseSettings):
     #: Standby replicas of the state tables on other workers (NEARDUP_STANDBY_REPLICAS).
     standby_replicas: int = Field(default=1, ge=0, le=8)
     #: routed: the index is partitioned by bucket over NEARDUP_PARTITIONS partitions of
-    #: internal topics; sequential: the whole index sits with the sequencer
-    #: (NEARDUP_TOPOLOGY). Both decide exactly as ``neardup dedup`` does.
-    topology: Literal["routed", "sequential"] = "routed"
+    #: internal topics; sequential: the whole index sits with the sequencer;
+    #: partitioned: every stage partitioned, one ordered step over match edges, Kafka
+    #: transactions (``neardup.kafka.topology``) (NEARDUP_TOPOLOGY). All decide exactly
+    #: as ``neardup dedup`` does.
+    topology: Literal["routed", "sequential", "partitioned"] = "routed"
     #: Static group membership (NEARDUP_GROUP_INSTANCE_ID), e.g. the pod's name: a worker
     #: restarted under the same id takes its partitions back without waiting for its old
     #: session to time out. Unset: dynamic membership. Never share one between two workers.

@@ -103,6 +103,7 @@ class DecideTask:
         self.asks: dict[Key, SketchAsk] = {}
         #: Pids asked for whose records have not come, and who asked.
         self.missing: dict[int, set[Key]] = {}
+        self._last_mark: Mark | None = None
         self.load()
 
     def step(self, raw: bytes, arrived: float = -math.inf) -> list[Out]:
@@ -148,7 +149,10 @@ class DecideTask:
         drained = None
         if idle and not len(self.watermark) and not any(p.open for p in self.pages.values()):
             drained = self.sources.drained_at()
-        out.append(Out(ORDER, 0, b"", encode(Mark(self.partition, self.frontier(), drained))))
+        mark = Mark(self.partition, self.frontier(), drained)
+        if mark != self._last_mark:  # the same mark again says nothing: no record, no commit
+            self._last_mark = mark
+            out.append(Out(ORDER, 0, b"", encode(mark)))
         return out
 
     def frontier(self) -> Key | None:
@@ -366,6 +370,7 @@ class DecideTask:
     def load(self) -> None:
         """Read the state from the store: at the start, and after an aborted step."""
         self.sources = Sources(self.partitions)
+        self._last_mark = None
         self.watermark.load()
         self.pages, self.repeats, self.asks, self.missing = {}, {}, {}, {}
         msgs = {

@@ -81,19 +81,21 @@ class HostsTask:
         partition: int,
         partitions: int,
         *,
+        sources: int | None = None,
         wait: float = math.inf,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``partitions``: of every partitioned topic, hence the number of analyse tasks
-        (the sources of marks) and of probes and pages partitions. ``wait``: ``order_wait``
-        (``neardup.flow.watermark``)."""
+        """``partitions``: of the probes and pages topics. ``sources``: the analyse tasks
+        that mark this partition, one per raw partition (default: ``partitions``).
+        ``wait``: ``order_wait`` (``neardup.flow.watermark``)."""
         self.cfg = cfg
         self.partition, self.partitions = partition, partitions
         self.clock = clock
         self.kv = BufferedKV(store)
         self.templates = TemplateFilter(self.kv, cfg)
         self.index = KVIndex(self.kv, cfg)  # its keys only: the buckets are elsewhere
-        self.watermark = Watermark(store, PREFIX, partitions, wait, clock)
+        n_sources = partitions if sources is None else sources
+        self.watermark = Watermark(store, PREFIX, n_sources, wait, clock)
         #: pages, repeats, template_only, template_dropped, probes, late (this process)
         self.counts: Counter[str] = Counter()
         self._last_mark: Mark | None = None
@@ -144,7 +146,7 @@ class HostsTask:
             # oldest of their drained marks may still be on its way here
             drained_at = min(self.clock() if as_of is None else as_of, upstream)
         mark = Mark(self.partition, self.watermark.frontier(), drained_at)
-        if drained_at is None and mark == self._last_mark:
+        if mark == self._last_mark:  # the same mark again says nothing: no record, no commit
             return out
         self._last_mark = mark
         raw = encode(mark)

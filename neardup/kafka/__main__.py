@@ -351,7 +351,7 @@ def command_of(argv: list[str]) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one return per way out
     argv = sys.argv[1:] if argv is None else argv
     command = command_of(argv)
     # the worker's own help, not Faust's, whose defaults the worker overrides; before the
@@ -375,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     for warning in unknown_variables(os.environ):
         log.warning("%s", warning)
+    if settings.topology == "partitioned" and command == "worker":
+        from neardup.kafka import partitioned
+
+        with broker_errors(settings):
+            return partitioned.run(settings)
     use_event_loop(settings.event_loop)
     from neardup.kafka.app import Worker
 

@@ -389,6 +389,9 @@ class Collector:
             enable_auto_commit=False,
             group_id=None,
             metadata_max_age_ms=1000,
+            # what downstream consumers must do: the partitioned worker's aborted
+            # transactions leave records that only read_uncommitted readers see
+            isolation_level="read_committed",
             **self.client,
         )
         await consumer.start()

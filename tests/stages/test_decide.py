@@ -198,6 +198,7 @@ def test_the_mark_holds_at_pages_not_computed_and_is_drained_as_of_its_oldest_so
         return m
 
     assert mark() == Mark(0, None, None)  # a source never heard of
+    assert task.tick(True) == []  # the same mark again is not sent
     _feed(task, [_todo(first, probes=1), Mark(0, END, 5.0), Mark(1, END, 7.0)])
     assert mark() == Mark(0, _key(first), None)  # its answer is still to come
     index = Index()
@@ -207,7 +208,9 @@ def test_the_mark_holds_at_pages_not_computed_and_is_drained_as_of_its_oldest_so
     _feed(task, [index.answer(copy)])  # an answer before its page: that page is open
     assert mark() == Mark(0, _key(copy), None)
     _feed(task, [Mark(1, END, None), _todo(copy)])
-    assert mark().drained_at is None  # source 1 is no longer drained
+    # source 1 is no longer drained: whatever the mark says next, it is not drained
+    assert all(m.drained_at is None for m in map(lambda o: decode(o.value), task.tick(True)))
+    assert task.sources.drained_at() is None
 
 
 def test_a_task_rebuilt_from_its_store_at_any_record_sends_what_one_never_stopped_sends(

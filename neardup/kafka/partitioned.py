@@ -1,0 +1,140 @@
+"""The partitioned worker (``NEARDUP_TOPOLOGY=partitioned``): creates its topics, then runs
+its share of the tasks of ``neardup.kafka.topology`` on the exactly-once runtime
+(``neardup.kafka.runtime``). No Faust: one aiokafka consumer, one transactional producer
+per task."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+
+from neardup.contract import max_line_bytes
+from neardup.kafka import runtime
+from neardup.kafka.delivery import Config
+from neardup.kafka.security import aiokafka_kwargs
+from neardup.kafka.tasks import Context
+from neardup.kafka.topology import Topics, layout
+from neardup.settings import Settings
+
+log = logging.getLogger("neardup.kafka")
+
+#: Internal records carry a page's analysis (fingerprints, and the text of a short page).
+INTERNAL_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Room for a record's own fields around the longest raw line.
+RAW_RECORD_SLACK = 64 * 1024
+
+
+async def ensure_topics(
+    settings: Settings, topics: Topics, timeout_s: float = 60.0
+) -> dict[str, int]:
+    """Create the missing topics; returns every topic's partition count (an output topic
+    made before, by hand or by a broker that creates topics on first use, keeps its own).
+    A topic whose partition count the state depends on and that has another count ends
+    the worker with a message saying what to do."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+    from aiokafka.errors import TopicAlreadyExistsError  # type: ignore[import-untyped]
+
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.brokers,
+        request_timeout_ms=int(timeout_s * 1000),
+        **aiokafka_kwargs(settings),
+    )
+    await admin.start()
+    try:
+        have = await _partition_counts(admin, [topics.raw])
+        raw = have.get(topics.raw, settings.partitions)
+        wanted = topics.partitions(settings.partitions, raw)
+        existing = set(await admin.list_topics())
+        compacted = {topics.analyse_changelog, topics.part_changelog, topics.order_changelog}
+        missing = []
+        for name, n in wanted.items():
+            if name in existing:
+                continue
+            configs = {"max.message.bytes": str(INTERNAL_MAX_MESSAGE_BYTES)}
+            if name in compacted:
+                configs["cleanup.policy"] = "compact"
+            elif name == topics.raw:
+                limit = max_line_bytes(settings.engine.max_bytes) + RAW_RECORD_SLACK
+                configs = {"max.message.bytes": str(limit)}
+            elif name in (topics.decisions, topics.merges, topics.rejects):
+                configs = {}
+            missing.append(NewTopic(name, n, settings.replication, topic_configs=configs))
+        if missing:
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(missing)
+            log.info("created topics %s", ", ".join(t.name for t in missing))
+        fixed = {t: wanted[t] for t in topics.fixed()}
+        deadline = time.monotonic() + timeout_s
+        counts = await _partition_counts(admin, list(fixed))
+        while any(t not in counts for t in fixed) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            counts = await _partition_counts(admin, list(fixed))
+        wrong = {t: (counts.get(t), n) for t, n in fixed.items() if counts.get(t) != n}
+        if wrong:
+            raise SystemExit(
+                "neardup worker: these topics have the wrong number of partitions "
+                + ", ".join(f"{t} ({got}, not {want})" for t, (got, want) in wrong.items())
+                + ". The state depends on it: use the NEARDUP_PARTITIONS the state was built "
+                "with, or a new NEARDUP_APP_ID (and a new state)."
+            )
+        counts = await _partition_counts(admin, list(wanted))
+        while any(t not in counts for t in wanted) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            counts = await _partition_counts(admin, list(wanted))
+        return counts
+    finally:
+        await admin.close()
+
+
+async def _partition_counts(admin: object, names: list[str]) -> dict[str, int]:
+    described = await admin.describe_topics(names)  # type: ignore[attr-defined]
+    return {
+        d["topic"]: len(d["partitions"])
+        for d in described
+        if not d.get("error_code") and d.get("partitions")
+    }
+
+
+def run(settings: Settings) -> int:
+    """Run the partitioned worker until SIGTERM or SIGINT."""
+    from neardup.sandbox import Sandbox
+
+    topics = Topics.of(settings)
+    counts = asyncio.run(ensure_topics(settings, topics))
+    raw = counts[topics.raw]
+    cfg = settings.engine_config()
+    sandbox = Sandbox(cfg) if cfg.extract_timeout_s > 0 else None
+    wait = settings.order_wait_ms / 1000 or math.inf
+    ctx = Context(
+        cfg,
+        topics,
+        settings.partitions,
+        raw,
+        order_wait=wait,
+        mark_interval=settings.mark_interval_ms / 1000,
+        sandbox=sandbox,
+        counts=counts,
+    )
+    rcfg = Config(
+        bootstrap=settings.brokers,
+        app=settings.app_id,
+        topics=topics.inputs(),
+        state_dir=settings.state_dir,
+        session_timeout_ms=settings.session_timeout_ms,
+        client=aiokafka_kwargs(settings),
+    )
+    log.info(
+        "partitioned worker: %d raw partitions, %d internal partitions, app %s",
+        raw,
+        settings.partitions,
+        settings.app_id,
+    )
+    try:
+        runtime.run(rcfg, layout(topics), ctx.step)
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+    return 0
