@@ -1,6 +1,7 @@
 """Dedup quality on labelled streams, against two baselines run on the same pages.
 
     .venv/bin/python bench/quality.py [--stream dev|heldout|both] [--data DIR] [--limit N]
+        [--dump DIR]   (every page's candidates, for bench/pairs.py: missed and false matches)
 
 Streams: ``dev`` is the labelled dev stream under DIR (../shared/data/neardup-dev);
 ``heldout`` is built at run time by ``bench.streams`` from that stream's article texts on
@@ -25,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA, raw_lines, read_jsonl
+from bench.pairdump import PairDump, write_jsonl
 from neardup.cli import config_from_sets
 from neardup.config import EngineConfig
 from neardup.contract import parse_raw
@@ -65,9 +67,17 @@ class UnionFind:
 
 
 def run_neardup(
-    lines: list[bytes], cfg: EngineConfig
+    lines: list[bytes], cfg: EngineConfig, dump: Path | None = None
 ) -> tuple[dict[str, str], dict[str, Any], float]:
     engine = Engine(MemoryKV(), cfg)
+    if dump is not None:
+        with PairDump(engine, dump):
+            return _run(engine, lines)
+    return _run(engine, lines)
+
+
+def _run(engine: Engine, lines: list[bytes]) -> tuple[dict[str, str], dict[str, Any], float]:
+    cfg = engine.cfg
     decisions: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
     for raw in lines:
@@ -178,13 +188,21 @@ def show(name: str, report: Report, labels: list[dict[str, Any]], clusters: dict
 
 
 def run_stream(
-    name: str, lines: list[bytes], labels: list[dict[str, Any]], cfg: EngineConfig, baselines: bool
+    name: str,
+    lines: list[bytes],
+    labels: list[dict[str, Any]],
+    cfg: EngineConfig,
+    baselines: bool,
+    *,
+    dump: Path | None = None,
 ) -> None:
     print(
         f"\n######## {name} stream: {len(lines)} pages, {len({lab['story'] for lab in labels})} "
         "stories"
     )
-    clusters, decisions, elapsed = run_neardup(lines, cfg)
+    clusters, decisions, elapsed = run_neardup(
+        lines, cfg, dump / f"{name}.jsonl.gz" if dump else None
+    )
     mine = score(labels, clusters, decisions)
     show(
         f"neardup ({len(lines) / elapsed:.0f} pages/s, {len(lines) - len(decisions)} rejected)",
@@ -224,6 +242,14 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0, help="only the first N pages of each")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument(
+        "--dump",
+        type=Path,
+        metavar="DIR",
+        help="write every page's candidates (J, containment, CCS, shares) and text to "
+        "DIR/<stream>.jsonl.gz, with the labels, for bench/pairs.py (third-party text: "
+        "keep DIR out of the repository)",
+    )
     args = ap.parse_args()
     if not (args.data / "pages.jsonl.gz").is_file():
         ap.error(f"no dev stream at {args.data} (pages.jsonl.gz, labels.jsonl.gz)")
@@ -244,7 +270,10 @@ def main() -> None:
         streams["heldout"] = (held.lines, held.labels)
     for name, (lines, labels) in streams.items():
         cut = args.limit or len(lines)
-        run_stream(name, lines[:cut], labels[:cut], cfg, not args.no_baselines)
+        if args.dump:
+            args.dump.mkdir(parents=True, exist_ok=True)
+            write_jsonl(args.dump / f"{name}.labels.jsonl.gz", labels[:cut])
+        run_stream(name, lines[:cut], labels[:cut], cfg, not args.no_baselines, dump=args.dump)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,23 @@ class EngineConfig:
     #: ... and containment also needs this share of the smaller page's period strings in
     #: the other page: formulaic texts share 5-grams but differ in sentence endings.
     ccs_contain: float = 0.7
+    #: ... short of that share by at most ``ccs_slack`` strings: with a few sentences,
+    #: 0.7 means all of them, and a light edit near one sentence end changes its string.
+    ccs_slack: int = 1
+    #: The pages' numbers (``neardup.facts``) decide near the cuts. Two pages each with at
+    #: least ``facts_differ`` numbers the other lacks, those ``facts_differ_share`` or more
+    #: of the two pages' numbers, do not match under resemblance ``jaccard_sure`` (the
+    #: same stock sentences with other dates and counts). Pages sharing at least
+    #: ``facts_agree`` numbers, with at most one, and under half as many, only in either
+    #: (a slipped digit), are duplicates from resemblance ``jaccard_facts`` on; when the
+    #: smaller has at most one number the other lacks, it is contained from containment
+    #: ``containment_facts`` on (an excerpt lightly edited).
+    facts_differ: int = 2
+    facts_differ_share: float = 0.7
+    jaccard_sure: float = 0.85
+    facts_agree: int = 2
+    jaccard_facts: float = 0.65
+    containment_facts: float = 0.78
     #: A page with at most this share of the other's 5-grams is `contained`, not `duplicate`.
     contain_ratio: float = 0.8
     #: A page contained in an earlier page and in a later one joins them both when it is
@@ -149,9 +166,15 @@ class EngineConfig:
             "jaccard_min",
             "jaccard_simhash",
             "containment_min",
+            "facts_differ_share",
+            "jaccard_sure",
+            "jaccard_facts",
+            "containment_facts",
         ):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1]")
+        if self.facts_differ < 1 or self.facts_agree < 1 or self.ccs_slack < 0:
+            raise ValueError("facts_differ and facts_agree must be >= 1, ccs_slack >= 0")
         if not 0.0 <= self.ccs_contain <= 1.0:  # 0: containment asks nothing of the strings
             raise ValueError("ccs_contain must be in [0, 1]")
         if self.template_window < 100:

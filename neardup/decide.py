@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from neardup.config import EngineConfig
+from neardup.facts import Agreement, compare, split_facts
 from neardup.fingerprint import Fingerprints, resemblance
 from neardup.index import Lookup
 
@@ -106,14 +107,19 @@ def matches(
         d1, order, by_simhash = cand.d1, cand.order, cand.by_simhash
         if pid not in sketches:
             continue  # dropped by retention between the lookup and now
-        n_other, sketch = sketches[pid]
+        n_other, stored = sketches[pid]
+        sketch, their_facts = split_facts(stored)
         jac, cont = resemblance(fps.sketch, fps.shingles, sketch, n_other, cfg.sketch_size)
         share = min(fps.shingles, n_other) / max(1, fps.shingles, n_other)
         if covered is not None:
             covered[pid] = cont * min(fps.shingles, n_other) / max(1, fps.shingles)
-        if jac >= (cfg.jaccard_simhash if by_simhash else cfg.jaccard_min):
+        facts = compare(fps.facts, their_facts)
+        if jac < cfg.jaccard_sure and facts.differ(cfg.facts_differ, cfg.facts_differ_share):
+            continue
+        cut = cfg.jaccard_simhash if by_simhash else cfg.jaccard_min
+        if jac >= cut or (jac >= cfg.jaccard_facts and facts.agree(cfg.facts_agree)):
             out.append(Match(pid, Kind.DUPLICATE, d1, jac, order, by_simhash, share))
-        elif cont >= cfg.containment_min and (cand.ccs >= cfg.ccs_contain or not cand.strings):
+        elif _contained(cont, cand, facts, fps.shingles <= n_other, cfg):
             if fps.shingles <= cfg.contain_ratio * n_other:
                 kind = Kind.CONTAINED
             elif n_other <= cfg.contain_ratio * fps.shingles:
@@ -122,3 +128,19 @@ def matches(
                 kind = Kind.DUPLICATE
             out.append(Match(pid, kind, d1, cont, order, by_simhash, share))
     return sorted(out, key=Match.sort_key)
+
+
+def _contained(
+    cont: float, cand: Candidate, facts: Agreement, smaller_is_mine: bool, cfg: EngineConfig
+) -> bool:
+    """Whether the smaller page is inside the other: by its 5-grams, with its period strings
+    in the other but for ``ccs_slack`` of them; or a little less by its 5-grams, with all
+    the strings asked, when its numbers are in the other (an excerpt lightly edited). A
+    page without period strings is judged on its 5-grams alone."""
+    if cont >= cfg.containment_min:
+        return not cand.strings or cand.ccs + cfg.ccs_slack / cand.strings >= cfg.ccs_contain
+    return (
+        cont >= cfg.containment_facts
+        and (cand.ccs >= cfg.ccs_contain or not cand.strings)
+        and facts.agree(cfg.facts_agree, smaller_is_mine)
+    )

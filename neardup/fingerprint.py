@@ -31,7 +31,9 @@ import mmh3
 import numpy as np
 import numpy.typing as npt
 
+from neardup import facts
 from neardup.config import EngineConfig
+from neardup.facts import facts_of
 from neardup.lexicon import STOPWORDS, SYNONYMS
 
 U64 = npt.NDArray[np.uint64]
@@ -67,6 +69,11 @@ class Fingerprints:
     piece_strings: bytes = b""
     shingle_hashes: bytes = b""
     piece_chars: bytes = b""
+    #: The text's numbers (``neardup.facts``): sorted distinct hashes (uint32), kept in
+    #: the index beside the sketch; and every run of digits as (piece, hash) pairs, which
+    #: only the template filter reads, to leave out the numbers of template sentences.
+    facts: bytes = b""
+    piece_facts: bytes = b""
 
     def without(self, template: set[int], sketch_size: int, whole: int = 0) -> Fingerprints:
         """These fingerprints with the template sentences' strings and 5-grams left out
@@ -90,6 +97,7 @@ class Fingerprints:
             strings=tuple(s for s in self.strings if s not in template),
             shingles=len(kept),
             sketch=sketch_of(kept, sketch_size, whole),
+            facts=facts_of(self.piece_facts, drop) if self.piece_facts else self.facts,
         )
 
 
@@ -676,7 +684,18 @@ def fingerprint(text: str, cfg: EngineConfig) -> Fingerprints:
     )
     if cfg.sketch_size < shingles <= cfg.exact_shingles:  # whole: see sketch_of
         sketch = np.unique(np.frombuffer(blobs[1], dtype="<u4")).astype("<u4").tobytes()
-    return Fingerprints(fp1, fp2, tuple(strings), words, shingles, sketch, *blobs)
+    pairs = text_facts(text)
+    piece_strings, shingle_hashes, piece_chars = blobs
+    return Fingerprints(
+        fp1, fp2, tuple(strings), words, shingles, sketch, piece_strings, shingle_hashes,
+        piece_chars, facts_of(pairs), pairs,
+    )  # fmt: skip
+
+
+def text_facts(text: str) -> bytes:
+    """``neardup.facts.text_facts`` of ``text`` cut at its periods, as ``piece_features``
+    cuts it (the piece indices are those of ``Fingerprints.piece_chars``)."""
+    return facts.text_facts(text, _PERIOD)
 
 
 def fingerprint_python(text: str, cfg: EngineConfig) -> Fingerprints:
@@ -706,6 +725,7 @@ def fingerprint_python(text: str, cfg: EngineConfig) -> Fingerprints:
     fp2 = simhash_weighted(*window_features(canon_hashes, canon_ids, chosen, cfg.window))
     piece_strings, hashes, piece_chars = piece_features(text, cfg.period_len)
     shingles = _distinct(hashes, counts=False)[0]
+    pairs = text_facts(text)
     return Fingerprints(
         fp1=fp1,
         fp2=fp2,
@@ -716,4 +736,6 @@ def fingerprint_python(text: str, cfg: EngineConfig) -> Fingerprints:
         piece_strings=piece_strings.astype("<u8").tobytes(),
         shingle_hashes=hashes.astype("<u4").tobytes(),
         piece_chars=piece_chars.astype("<u4").tobytes(),
+        facts=facts_of(pairs),
+        piece_facts=pairs,
     )

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from neardup.config import EngineConfig
+from neardup.facts import with_facts
 from neardup.fingerprint import Fingerprints
 from neardup.store import KV
 
@@ -187,11 +188,13 @@ class KVIndex:
 
     @staticmethod
     def sketch_value(fps: Fingerprints) -> bytes:
-        """What is kept under ``sketch_key``: the shingle count, then the sketch."""
-        return _SHINGLES.pack(fps.shingles) + fps.sketch
+        """What is kept under ``sketch_key``: the shingle count, then the sketch with the
+        page's facts (``neardup.facts.with_facts``)."""
+        return _SHINGLES.pack(fps.shingles) + with_facts(fps.sketch, fps.facts)
 
     def sketches(self, pids: Sequence[int]) -> dict[int, tuple[int, bytes]]:
-        """Shingle count and bottom-k sketch of each page in ``pids`` that has one."""
+        """Shingle count and bottom-k sketch (with its facts: ``split_facts`` reads them)
+        of each page in ``pids`` that has one."""
         values = self.kv.get_many([self.sketch_key(p) for p in pids])
         return {
             p: (_SHINGLES.unpack_from(v)[0], v[_SHINGLES.size :])

@@ -236,6 +236,51 @@ def test_without_template_rebuilds_strings_and_sketch() -> None:
     assert f.without(set(), CFG.sketch_size) is f
 
 
+def test_golden_facts_and_their_place_beside_the_sketch(fingerprint_path: str) -> None:
+    """A page's numbers (``neardup.facts``): the same on both paths, pinned, kept after
+    the sketch in the index and read back from there; a page without numbers keeps its
+    bare sketch."""
+    from neardup.facts import compare, split_facts
+    from neardup.index import KVIndex
+
+    text = normalise("2026年3月18日，全区46个站点完成检修，储备12万吨，约30万户受益。")
+    f = fingerprint(text, CFG)
+    facts = np.frombuffer(f.facts, dtype="<u4")
+    assert len(facts) == 6 and bool((facts[1:] > facts[:-1]).all())
+    assert _digest(f.facts) == "ea8b75a8adc4e5c5"
+    stored = KVIndex.sketch_value(f)[4:]
+    assert split_facts(stored) == (f.sketch, f.facts)
+    assert compare(f.facts, split_facts(stored)[1]).shared == 6
+    rail = fingerprint(normalise("\n".join(ARTICLES["rail"])), CFG)
+    assert rail.facts == b"" and split_facts(rail.sketch) == (rail.sketch, b"")
+
+
+def test_facts_leave_out_template_sentences() -> None:
+    """A footer's hotline is no fact of the article: the template filter drops its
+    numbers with its 5-grams, so that two sites' footers do not set copies apart."""
+    body = "城西水厂于3月18日通水试运行，日供水能力提高到25万吨。"
+    footer = "举报电话12377，经营许可证编号2026001。"
+    f = fingerprint(normalise(body + footer), CFG)
+    template = {hash64(period_strings(footer, CFG.period_len)[0])}
+    g = f.without(template, CFG.sketch_size, CFG.exact_shingles)
+    assert len(f.facts) == 4 * 5 and g.facts == fingerprint(normalise(body), CFG).facts
+
+
+def test_facts_compare_capped_sets_on_their_common_range() -> None:
+    from neardup.facts import FACTS_MAX, compare, facts_of
+
+    def pairs(values: range) -> bytes:
+        runs = np.array([(0, v) for v in values], dtype="<u4")
+        return runs.tobytes()
+
+    many = facts_of(pairs(range(1000, 1000 + 4 * FACTS_MAX, 2)))  # capped: the smallest
+    few = facts_of(pairs(range(1000, 1010)))
+    assert len(many) == 4 * FACTS_MAX
+    got = compare(few, many)
+    assert (got.shared, got.only_mine) == (5, 5)  # 1000..1008 even in both, odd in few
+    assert got.only_theirs == 0  # many's hashes above few's largest are not compared
+
+
 def test_lexicon_by_hash_is_the_dictionary_by_word() -> None:
     """The keyword weights are looked up by hash64: every word of jieba's tables must get
     exactly the weight a lookup by word gives (no two of its words collide in 64 bits)."""

@@ -164,3 +164,115 @@ def test_an_excerpt_without_a_sentence_end_is_contained() -> None:
     a, b = _decide([full, part])
     assert b.decision["decision"] == "contained", b.decision
     assert b.decision["cluster_id"] == a.decision["page_id"]
+
+
+# Failure mode 9 and light edits near the cut: what the pages' numbers decide
+# (neardup.facts). The rules switched off, to show each fixture fails without them.
+NO_FACTS = CFG.with_overrides(
+    facts_differ=1000,
+    jaccard_facts=CFG.jaccard_min,
+    containment_facts=CFG.containment_min,
+    ccs_slack=0,
+)
+
+# One stock announcement, filled twice: other dates, district, names and figures.
+NOTICE = (
+    "{m}月{d}日，{city}区召开冬季供暖保障工作会议，副区长{name}出席会议并讲话。",
+    "会议通报了今冬供暖准备情况，全区{n1}个供热站已完成设备检修，储备燃煤{n2}万吨。",
+    "会议要求，各供热单位要加强管网巡查，及时处置群众反映的问题，确保居民室温不低于{t}摄氏度。",
+    "区供热办公室同时公布了服务热线，市民遇到供暖问题可随时拨打反映。",
+    "会议还就老旧小区供热管网改造、低保家庭取暖补贴发放等事项作了具体安排。",
+    "与会人员表示，将把各项部署落到实处，让群众温暖过冬。",
+)
+
+# A short report full of figures, and a reprint of it lightly edited: four words changed,
+# commas half-width, one digit slipped (12 -> 13).
+WATER = [
+    "记者从市水务集团获悉，城西第二水厂扩建工程已于3月18日通水试运行，日供水能力由15万吨提高到25万吨。",
+    "扩建工程总投资4.6亿元，新建沉淀池、滤池和加压泵站各一座，铺设输水管道约12公里。",
+    "水厂负责人介绍，试运行期间每两小时检测一次出厂水质，各项指标均达到国家标准。",
+    "工程投用后，城西片区约30万居民夏季用水高峰时段水压偏低的问题将得到缓解。",
+]
+WATER_EDITED = [
+    "记者从市水务集团了解到,城西第二水厂扩建工程已于3月18日通水试运行,日供水能力由15万吨提高到25万吨。",
+    "扩建工程总投资4.6亿元,新建沉淀池、滤池和加压泵站各一座,铺设输水管道约13公里。",
+    "水厂负责人表示,试运行期间每两个小时抽检一次出厂水质,各项指标均达到国家标准。",
+    "工程投用后,城西片区约30万居民夏季用水高峰时段水压偏低的问题将得以缓解。",
+]
+WATER_MORE = [
+    "据悉，城东水厂的提标改造也已列入明年计划，届时全市日供水能力将超过80万吨。",
+    "市水务集团提醒，试运行期间个别小区可能出现短时水压波动，居民如有疑问可拨打客服电话咨询。",
+]
+
+
+def _pair(first: list[str], second: list[str], cfg: EngineConfig) -> tuple[Outcome, Outcome]:
+    a, b = _decide(
+        [
+            raw_page("https://a.example.cn/n", first, "通知"),
+            raw_page("https://b.example.com/n", second, "通知", template="blog"),
+        ],
+        cfg,
+    )
+    return a, b
+
+
+def _joined(a: Outcome, b: Outcome) -> bool:
+    return b.decision["cluster_id"] == a.decision["cluster_id"]
+
+
+def test_a_formula_with_other_dates_and_figures_is_no_duplicate() -> None:
+    """Failure mode 9: the same stock sentences with other dates, names and figures reach
+    J 0.72, the cut. Each page has several numbers the other lacks: not a duplicate."""
+    one = [p.format(m=11, d=3, city="青山", name="周明远", n1=46, n2=12, t=18) for p in NOTICE]
+    two = [p.format(m=10, d=28, city="洪山", name="韩立群", n1=39, n2=9, t=20) for p in NOTICE]
+    assert _joined(*_pair(one, two, NO_FACTS))  # J alone merges them
+    a, b = _pair(one, two, CFG)
+    assert b.decision["decision"] == "unique", b.decision
+    assert not _joined(a, b)
+
+
+def test_a_light_edit_whose_figures_agree_is_a_duplicate_under_the_cut() -> None:
+    """Failure mode 6: four words changed in a 150-character text put J at 0.68, under the
+    cut; its seven numbers are the other's, but for one slipped digit: a duplicate."""
+    assert not _joined(*_pair(WATER, WATER_EDITED, NO_FACTS))
+    a, b = _pair(WATER, WATER_EDITED, CFG)
+    assert b.decision["decision"] == "duplicate", b.decision
+    assert 0.65 <= b.decision["similarity"] < CFG.jaccard_min
+    assert _joined(a, b)
+
+
+def test_a_light_edit_with_other_figures_stays_apart() -> None:
+    """The same edit with the figures changed as a formula's would be (other date,
+    investment, length and population): no number vouches for the pair."""
+    other = [
+        p.replace("3月18日", "5月6日").replace("4.6亿", "3.2亿").replace("约13", "约21")
+        .replace("约30万", "约18万")
+        for p in WATER_EDITED
+    ]  # fmt: skip
+    a, b = _pair(WATER, other, CFG)
+    assert b.decision["decision"] == "unique", b.decision
+    assert not _joined(a, b)
+
+
+def test_an_excerpt_lightly_edited_whose_figures_are_in_the_full_text_is_contained() -> None:
+    """Failure mode 7: the first half of a report with two words changed is 0.82 inside
+    the full text, under the containment cut; every number of it is in the full text."""
+    full = WATER + WATER_MORE
+    part = WATER_EDITED[:3]
+    part[1] = part[1].replace("约13", "约12")
+    assert not _joined(*_pair(full, part, NO_FACTS))
+    a, b = _pair(full, part, CFG)
+    assert b.decision["decision"] == "contained", b.decision
+    assert CFG.containment_facts <= b.decision["similarity"] < CFG.containment_min
+    assert _joined(a, b)
+
+
+def test_an_excerpt_with_one_sentence_end_edited_is_contained() -> None:
+    """Failure mode 6 for containment: an excerpt of three sentences, one of them edited
+    at its end, has CCS 2/3, under ccs_contain (0.7), which with so few sentences asks for
+    all of them. One string short is allowed."""
+    part = [LONG[0], LONG[1].replace("充电桩。", "充电设施。"), LONG[2]]
+    assert not _joined(*_pair(LONG[:5], part, NO_FACTS))
+    a, b = _pair(LONG[:5], part, CFG)
+    assert b.decision["decision"] == "contained", b.decision
+    assert _joined(a, b)

@@ -321,7 +321,7 @@ def test_verification_decides_the_kind() -> None:
         11: Candidate(11, 20, 20, 1.0, 2, False),  # this page is inside a larger one
         12: Candidate(12, 20, 20, 1.0, 3, False),  # a smaller page inside this one
         13: Candidate(13, 20, 20, 1.0, 4, False),  # shares strings, not 5-grams
-        14: Candidate(14, 20, 20, 0.2, 5, False),  # 5-grams inside, too few strings
+        14: Candidate(14, 20, 20, 0.2, 5, False, strings=5),  # 5-grams inside, 1 of 5 strings
     }
     sketches = {
         10: _sketch(range(0, 100)),
