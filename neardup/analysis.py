@@ -305,11 +305,12 @@ def for_decision(a: Analysed) -> Analysed:
     a page (the worker's pages in flight are stored so): the decision reads neither."""
     fps = a.fps
     if not (
-        fps.piece_strings or fps.shingle_hashes or fps.piece_chars or a.prose_strings
+        fps.piece_strings or fps.shingle_hashes or fps.piece_chars or fps.piece_facts
+        or a.prose_strings
         or a.line_keys or a.alt_keys or a.prose_keys or a.text or a.alt_text
     ):  # fmt: skip
         return a
-    slim = replace(fps, piece_strings=b"", shingle_hashes=b"", piece_chars=b"")
+    slim = replace(fps, piece_strings=b"", shingle_hashes=b"", piece_chars=b"", piece_facts=b"")
     return replace(
         a, fps=slim, prose_strings=(), line_keys=(), alt_keys=(), prose_keys=(), text="",
         alt_text="",

@@ -34,6 +34,7 @@ import numpy as np
 
 from neardup.analysis import Analysed, for_decision
 from neardup.config import EngineConfig
+from neardup.facts import with_facts
 from neardup.flow.messages import (
     PAGES,
     PROBES,
@@ -61,8 +62,10 @@ PREFIX = b"\x01h"
 
 
 def page_record(a: Analysed) -> PageRecord:
-    """What later pages read of ``a`` (its fingerprints after the host step)."""
-    return PageRecord(a.page.page_id, a.page.url, a.order, a.fps.shingles, a.fps.sketch)
+    """What later pages read of ``a`` (its fingerprints after the host step): its sketch
+    with its facts, as the engine's index keeps them (``KVIndex.sketch_value``)."""
+    sketch = with_facts(a.fps.sketch, a.fps.facts)
+    return PageRecord(a.page.page_id, a.page.url, a.order, a.fps.shingles, sketch)
 
 
 def bucket_keys(index: KVIndex, a: Analysed) -> list[bytes]:

@@ -96,7 +96,10 @@ def analysed_from_json(obj: dict[str, Any]) -> Analysed:
         fps_obj = obj["fps"]
         if "shingle_pieces" in fps_obj:  # written before piece_chars replaced it
             fps_obj = _with_piece_chars(fps_obj)
-        fps = Fingerprints(**{name: dec(fps_obj[name]) for name, _, dec in _FPS_FIELDS})
+        # (a field added since the message was written takes its default, if it has one)
+        fps = Fingerprints(
+            **{name: dec(fps_obj[name]) for name, _, dec in _FPS_FIELDS if name in fps_obj}
+        )
         # A field missing from a message or pending page of an older version takes its
         # default (Analysed refuses the record if the field has none).
         rest = {name: dec(obj[name]) for name, _, dec in _ANALYSED_FIELDS if name in obj}
