@@ -49,6 +49,9 @@ async def tail(settings: Settings, topic: str, idle_s: float, out: IO[str]) -> i
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
+        # what every consumer of the outputs must do: the partitioned worker writes them in
+        # transactions, and an aborted one leaves records only read_uncommitted shows
+        isolation_level="read_committed",
         **aiokafka_kwargs(settings),
     )
     try:
