@@ -110,6 +110,7 @@ class BucketsTask:
             answer = probe_buckets(self.index, probe)
             self.counts["probes"] += 1
             out.append(Out(PAGES, probe.page_partition, probe.key[1].encode(), encode(answer)))
+        self.watermark.flush()  # what is still held, into the store before the commit
         return out
 
     def tick(self) -> list[Out]:

@@ -139,6 +139,7 @@ class DecideTask:
             m = decode(raw)
             assert isinstance(m, ToDecide)  # (only pages are held)
             self._on_page(m, raw, out)
+        self.watermark.flush()  # what is still held, into the store before the commit
 
     def tick(self, idle: bool = False) -> list[Out]:
         """What a step ends with: the pages a wait over lets go, then the task's mark for

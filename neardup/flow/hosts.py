@@ -130,6 +130,7 @@ class HostsTask:
             msg = decode(raw)
             assert isinstance(msg, PageIn)  # (only pages are held)
             self._page(msg, out)
+        self.watermark.flush()  # what is still held, into the store before the commit
         return out
 
     def tick(self, drained: bool = False, as_of: float | None = None) -> list[Out]:

@@ -278,9 +278,10 @@ class OrderTask:
         )
 
     def flush(self) -> None:
-        """Write the nodes changed since the last flush to the store (before a commit;
-        the watermark writes its own state as it goes)."""
+        """Write the nodes changed since the last flush, and the edges still held, to the
+        store (before a commit)."""
         self.clusters.flush()
+        self.edges.flush()
 
     def prune(self, newest: int) -> int:
         """Delete the nodes no edge has named for ``retention_days`` before the order

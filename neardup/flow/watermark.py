@@ -133,6 +133,9 @@ class Watermark:
         self._heap: list[tuple[Key, int]] = []
         self._arrived: dict[tuple[Key, int], float] = {}
         self._late: list[tuple[Key, int]] = []
+        #: Items added since the last ``flush``, not in the store yet: one released before
+        #: then never reaches it (no write, no delete, no changelog record).
+        self._fresh: dict[tuple[Key, int], bytes] = {}
         self._next = 0
         #: The greatest key released in order.
         self.released: Key | None = None
@@ -159,6 +162,7 @@ class Watermark:
         self.released = key_from_bytes(raw) if raw else None
         self._w = self._compute_w()
         self._heap, self._late, self._arrived, self._next = [], [], {}, 0
+        self._fresh = {}
         at = len(self.prefix) + 1
         for k, v in self.store.scan(self.prefix + b"p"):
             item = (key_from_bytes(k[at : -_SEQ.size]), _SEQ.unpack(k[-_SEQ.size :])[0])
@@ -194,8 +198,15 @@ class Watermark:
         item = (key, self._next)
         self._next += 1
         self._arrived[item] = arrived
-        self.store.put_many([(self._item_key(item), _ARRIVED.pack(arrived) + payload)])
+        self._fresh[item] = _ARRIVED.pack(arrived) + payload
         return self._queue(item)
+
+    def flush(self) -> None:
+        """Write the items added since the last flush and still held to the store: call it
+        before the task commits (the end of each step does)."""
+        if self._fresh:
+            self.store.put_many((self._item_key(i), v) for i, v in self._fresh.items())
+            self._fresh = {}
 
     def _queue(self, item: tuple[Key, int]) -> bool:
         if self.released is not None and item[0] <= self.released:
@@ -261,9 +272,12 @@ class Watermark:
             items.append(heapq.heappop(self._heap))
         if not items:
             return []
-        keys = [self._item_key(i) for i in items]
-        values = self.store.get_many(keys)
-        self.store.delete_many(keys)
+        stored = [i for i in items if i not in self._fresh]
+        keys = [self._item_key(i) for i in stored]
+        found = dict(zip(stored, self.store.get_many(keys), strict=True)) if keys else {}
+        if keys:
+            self.store.delete_many(keys)
+        values = [self._fresh.pop(i) if i in self._fresh else found[i] for i in items]
         out = []
         for item, value in zip(items, values, strict=True):
             del self._arrived[item]
