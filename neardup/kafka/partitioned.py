@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import signal
 import time
 
 from neardup.contract import max_line_bytes
@@ -133,8 +134,27 @@ def run(settings: Settings) -> int:
         settings.app_id,
     )
     try:
-        runtime.run(rcfg, layout(topics), ctx.step)
+        asyncio.run(_serve_and_run(settings, topics, rcfg, ctx))
     finally:
         if sandbox is not None:
             sandbox.close()
     return 0
+
+
+async def _serve_and_run(settings: Settings, topics: Topics, rcfg: Config, ctx: Context) -> None:
+    """The runtime until SIGTERM or SIGINT, with the HTTP endpoint beside it."""
+    from neardup.kafka.endpoint import Endpoint
+    from neardup.kafka.http import serve
+
+    rt = runtime.Runtime(rcfg, layout(topics), ctx.step)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, rt.stop)
+    endpoint = Endpoint(rt, topics)
+    web = await serve(settings.http_host, settings.http_port, endpoint.render, endpoint.ready)
+    await rt.start()
+    try:
+        await rt.run()
+    finally:
+        await rt.close()
+        await web.cleanup()

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import signal
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,6 +55,8 @@ class Runtime:
         self.stopping = False
         self.records = 0
         self.commit_seconds: deque[float] = deque(maxlen=100_000)
+        #: Records committed to each output topic by this worker's tasks.
+        self.published: Counter[str] = Counter()
         kw = {"bootstrap_servers": cfg.bootstrap, "enable_auto_commit": False}
         kw |= {"isolation_level": "read_committed", **cfg.client}
         self.consumer = AIOKafkaConsumer(
@@ -156,8 +158,12 @@ class Runtime:
         """Commit ``runner``'s step; False if it failed (the task is rewound or dropped)."""
         if not runner.pending:
             return True
+        sizes: Counter[str] = Counter()
+        for (topic, _), msgs in runner.out.pending.items():
+            sizes[topic] += len(msgs)
         try:
             self.commit_seconds.append(await runner.commit(self.cfg.app))
+            self.published.update(sizes)
         except FencedError as exc:
             log.warning("task %s fenced (%s): dropped, its new owner has it", runner.task.name, exc)
             await self._drop(runner, None if final else self.cfg.session_timeout_ms / 1000)
