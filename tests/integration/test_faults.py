@@ -59,11 +59,12 @@ def _seed() -> int:
     return seed
 
 
-def test_ten_sigkills_at_random_points(deploy: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", ["routed", "partitioned"])
+def test_ten_sigkills_at_random_points(deploy: Any, tmp_path: Path, topology: str) -> None:
     rng = random.Random(_seed())
     values = stream(range(1, 11))
     ref = reference(values, tmp_path)
-    d = deploy(2)
+    d = deploy(2, topology)
     # the stream arrives in 11 parts, one before each start, so each kill finds work
     parts = [values[i * len(values) // 11 : (i + 1) * len(values) // 11] for i in range(11)]
     points = []
@@ -95,12 +96,13 @@ def test_ten_sigkills_at_random_points(deploy: Any, tmp_path: Path) -> None:
     print(f"10 SIGKILLs: {pages} pages in, {out} decisions + rejects out")
 
 
+@pytest.mark.parametrize("topology", ["routed", "partitioned"])
 def test_broker_stopped_and_restarted_while_the_worker_runs(
-    deploy: Any, tmp_path: Path, own_broker: LocalBroker
+    deploy: Any, tmp_path: Path, own_broker: LocalBroker, topology: str
 ) -> None:
     values = stream(range(1, 7))
     ref = reference(values, tmp_path)
-    d = deploy(2, bootstrap=own_broker.bootstrap)
+    d = deploy(2, topology, bootstrap=own_broker.bootstrap)
     d.produce(values)
     w = d.worker(0).start()
     d.wait(lambda: len(d.decided()) >= len(ref.decisions) // 4, DEADLINE, "a quarter decided")
@@ -153,13 +155,14 @@ def test_a_worker_told_to_stop_while_the_broker_is_away_exits_by_its_deadline(
     check_against(ref, d)
 
 
+@pytest.mark.parametrize("topology", ["routed", "partitioned"])
 @pytest.mark.parametrize("leave", ["stop", "kill"])
 def test_a_second_worker_joins_then_leaves_under_load(
-    deploy: Any, tmp_path: Path, leave: str
+    deploy: Any, tmp_path: Path, leave: str, topology: str
 ) -> None:
     values = stream(range(1, 9))
     ref = reference(values, tmp_path)
-    d = deploy(4)
+    d = deploy(4, topology)
     # the load: the stream arrives in 12 parts, 2.5 s apart, through the join and the leave
     parts = [values[i * len(values) // 12 : (i + 1) * len(values) // 12] for i in range(12)]
     stop = threading.Event()
@@ -179,6 +182,8 @@ def test_a_second_worker_joins_then_leaves_under_load(
 
         def joined() -> bool:
             log = second.log.read_text(errors="replace")
+            if topology == "partitioned":  # the group deals whole tasks
+                return re.search(r"task \S+ open at", log) is not None
             return f"| {d.names.raw}" in log.split("Setting newly assigned partitions", 1)[-1]
 
         d.wait(joined, DEADLINE, "the second worker to take raw partitions")
@@ -195,12 +200,13 @@ def test_a_second_worker_joins_then_leaves_under_load(
     print(f"join, then {leave}: {pages} pages in, {out} decisions + rejects out ({at} at leave)")
 
 
+@pytest.mark.parametrize("topology", ["routed", "partitioned"])
 def test_a_deleted_state_directory_is_rebuilt_from_the_changelog(
-    deploy: Any, tmp_path: Path
+    deploy: Any, tmp_path: Path, topology: str
 ) -> None:
     values = stream(range(1, 7))
     ref = reference(values, tmp_path)
-    d = deploy(2)
+    d = deploy(2, topology)
     half = len(values) // 2
     d.produce(values[:half])
     first = d.worker(0).start()
@@ -211,6 +217,12 @@ def test_a_deleted_state_directory_is_rebuilt_from_the_changelog(
     d.produce(values[half:])  # the second half must be matched against the first
     again = d.worker(0).start()
     d.wait(lambda: all_out(ref, d), DEADLINE, "every page decided after the state was lost")
+    if topology == "partitioned":
+        # every task's store rebuilt from its changelog (neardup.kafka.taskstate), which
+        # the second half's decisions, matched against the first, depend on
+        pages, out = check_after_fault(values, ref, d)
+        print(f"state deleted: {pages} pages in, {out} decisions + rejects out")
+        return
     log = again.log.read_text(errors="replace").split("[^Worker]: Starting")[-1]
     assert "Restoring state from changelog topics" in log
     pages, out = check_after_fault(values, ref, d)
