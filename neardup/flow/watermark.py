@@ -184,7 +184,12 @@ class Watermark:
         frontier = mark.frontier
         if old is not None and old.frontier is not None:
             frontier = old.frontier if frontier is None else max(frontier, old.frontier)
-        new = Source(frontier, mark.drained_at)
+        drained_at = mark.drained_at
+        if drained_at is None and old is not None and old.frontier == frontier:
+            # nothing sent since that drained mark: its time still vouches for what came
+            # before it (a later mark that is not drained takes nothing back)
+            drained_at = old.drained_at
+        new = Source(frontier, drained_at)
         if new != old:
             self._marks[mark.source] = new
             self.store.put_many([(self._mark_key(mark.source), new.to_bytes())])

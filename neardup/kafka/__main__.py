@@ -34,6 +34,7 @@ from neardup.kafka.security import connection_problem, describe, install_log_red
 from neardup.kafka.topics import ensure_topics_sync, tombstone_retention_ms
 from neardup.kafka.usage import help_text
 from neardup.settings import Settings, read_settings, unknown_variables
+from neardup.store import StateError
 
 if TYPE_CHECKING:  # the app imports Faust, which must come after ``use_event_loop``
     from neardup.kafka.app import Worker
@@ -340,6 +341,31 @@ _VALUE_OPTIONS = frozenset(("-l", "--loglevel", "-f", "--logfile", "-L", "--loop
                             "--blocking-timeout"))  # fmt: skip
 
 
+def run_partitioned(settings: Settings) -> int:
+    """The partitioned worker (``neardup.kafka.partitioned``): refused on a state directory
+    another worker runs on; a fatal error said in one line; a stop that hangs (the broker
+    away) ends ``stop_grace_s`` after the signal."""
+    from neardup.kafka import partitioned
+
+    refuse_if_in_use(settings.state_dir)
+    Path(settings.state_dir).mkdir(parents=True, exist_ok=True)
+    (Path(settings.state_dir) / RUNNING_MARKER).write_text(f"{os.getpid()}\n")
+
+    def on_stop(sig: signal.Signals) -> None:
+        exit_later(
+            RuntimeError(f"stopping on {sig.name}: not stopped in time"), settings.stop_grace_s
+        )
+
+    try:
+        with broker_errors(settings):
+            return partitioned.run(settings, on_stop)
+    except (OSError, StateError) as exc:
+        log.critical("%s", fatal_message(exc, settings.state_dir))
+        return 1
+    finally:
+        release_state(settings.state_dir)
+
+
 def command_of(argv: list[str]) -> str | None:
     """The command in Faust's command line (``--loop aio worker``: worker), or None."""
     skip = False
@@ -376,10 +402,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one return pe
     for warning in unknown_variables(os.environ):
         log.warning("%s", warning)
     if settings.topology == "partitioned" and command == "worker":
-        from neardup.kafka import partitioned
-
-        with broker_errors(settings):
-            return partitioned.run(settings)
+        return run_partitioned(settings)
     use_event_loop(settings.event_loop)
     from neardup.kafka.app import Worker
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
-from aiokafka.errors import ProducerFenced  # type: ignore[import-untyped]
+from aiokafka.errors import KafkaError, ProducerFenced  # type: ignore[import-untyped]
 
 from neardup.kafka.assignor import Task
 from neardup.kafka.taskstate import Overlay, open_store
@@ -243,7 +243,7 @@ class TaskRunner:
         except ProducerFenced as exc:
             _forget(sent + changelog)
             raise FencedError(self.task.name) from exc
-        except Exception:
+        except Exception as error:
             _forget(sent + changelog)
             try:
                 await p.abort_transaction()
@@ -251,6 +251,11 @@ class TaskRunner:
                 raise ProducerBrokenError(
                     f"{self.task.name}: the abort failed too ({exc!r})"
                 ) from exc
+            if isinstance(error, KafkaError):
+                # a batch the broker refused leaves the producer's sequence numbers behind
+                # the broker's: every later send of this producer would fail. A new one
+                # (a new producer id) starts afresh
+                raise ProducerBrokenError(f"{self.task.name}: {error!r}") from error
             raise
         reached = None
         if changelog:

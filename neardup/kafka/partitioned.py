@@ -11,6 +11,7 @@ import logging
 import math
 import signal
 import time
+from collections.abc import Callable
 
 from neardup.contract import max_line_bytes
 from neardup.kafka import runtime
@@ -99,8 +100,9 @@ async def _partition_counts(admin: object, names: list[str]) -> dict[str, int]:
     }
 
 
-def run(settings: Settings) -> int:
-    """Run the partitioned worker until SIGTERM or SIGINT."""
+def run(settings: Settings, on_stop: Callable[[signal.Signals], None] | None = None) -> int:
+    """Run the partitioned worker until SIGTERM or SIGINT (``on_stop`` is called at the
+    first one)."""
     from neardup.sandbox import Sandbox
 
     topics = Topics.of(settings)
@@ -134,22 +136,36 @@ def run(settings: Settings) -> int:
         settings.app_id,
     )
     try:
-        asyncio.run(_serve_and_run(settings, topics, rcfg, ctx))
+        asyncio.run(_serve_and_run(settings, topics, rcfg, ctx, on_stop))
     finally:
         if sandbox is not None:
             sandbox.close()
     return 0
 
 
-async def _serve_and_run(settings: Settings, topics: Topics, rcfg: Config, ctx: Context) -> None:
+async def _serve_and_run(
+    settings: Settings,
+    topics: Topics,
+    rcfg: Config,
+    ctx: Context,
+    on_stop: Callable[[signal.Signals], None] | None,
+) -> None:
     """The runtime until SIGTERM or SIGINT, with the HTTP endpoint beside it."""
     from neardup.kafka.endpoint import Endpoint
     from neardup.kafka.http import serve
 
     rt = runtime.Runtime(rcfg, layout(topics), ctx.step)
     loop = asyncio.get_running_loop()
+    stopping: list[signal.Signals] = []
+
+    def stop(sig: signal.Signals) -> None:
+        if not stopping and on_stop is not None:
+            on_stop(sig)
+        stopping.append(sig)
+        rt.stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, rt.stop)
+        loop.add_signal_handler(sig, stop, sig)
     endpoint = Endpoint(rt, topics)
     web = await serve(settings.http_host, settings.http_port, endpoint.render, endpoint.ready)
     await rt.start()

@@ -147,12 +147,18 @@ class Runtime:
         await asyncio.gather(*(self._commit(r) for r in due))
 
     async def _caught_up(self, runner: TaskRunner) -> bool:
+        caught_up = True
         for tp in runner.task.inputs:
             lso = self.consumer.last_stable_offset(tp)
             # the position, not the runner's next offset: it is past transaction markers
-            if lso is None or await self.consumer.position(tp) < lso:
-                return False
-        return True
+            position = await self.consumer.position(tp)
+            if lso is None or position < lso:
+                caught_up = False
+            elif position > runner.next[tp]:
+                # every record below it was handed to the task: the offset committed next
+                # passes the transaction markers after its last record too
+                runner.next[tp] = position
+        return caught_up
 
     async def _commit(self, runner: TaskRunner, final: bool = False) -> bool:
         """Commit ``runner``'s step; False if it failed (the task is rewound or dropped)."""

@@ -158,8 +158,8 @@ class AnalyseStep:
         drained = self.marks.drained_due(now, caught_up)
         frontier = None if self.high is None else (self.high, "")
         mark = Mark(self.j, frontier, now if drained else None)
-        if not drained and mark == self.sent:
-            return
+        if not drained and self.sent is not None and self.sent.frontier == frontier:
+            return  # nothing new: an earlier drained mark still stands downstream
         self.sent = mark
         raw = encode(mark)
         self.ctx.sender.send(out, [Out(HOSTS, h, b"", raw) for h in range(self.ctx.partitions)])

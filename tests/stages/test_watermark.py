@@ -292,3 +292,17 @@ def test_an_item_let_go_before_the_commit_never_reaches_the_store() -> None:
     wm.flush()
     held = [k for k in written if k.startswith(b"wp")]
     assert len(held) == 1 and b"b" in held[0]
+
+
+def test_a_later_mark_that_is_not_drained_takes_back_nothing_an_earlier_one_vouched() -> None:
+    # an analyse task drained at 10 s, then busy again at the same frontier (nothing new
+    # sent): both marks read in one batch still let go what came before 10 s
+    wm, _ = _wm(1)
+    wm.add((5, "a"), b"x", arrived=8.0)
+    wm.on_mark(Mark(0, (3, ""), 10.0))
+    wm.on_mark(Mark(0, (3, ""), None))
+    assert _keys(wm.release()) == [(5, "a")]
+    # a new frontier is news: what came before the old drained mark waits again
+    wm.add((9, "b"), b"y", arrived=9.0)
+    wm.on_mark(Mark(0, (6, ""), None))
+    assert wm.release() == []
