@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from tests.integration.helpers import all_out, check_against, reference, stream, wait_for
+from tests.integration.helpers import (
+    all_out,
+    check_against,
+    end_offsets,
+    reference,
+    stream,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -40,3 +47,42 @@ def test_the_endpoint_is_ready_and_counts_what_was_published_exactly_once(
     assert decisions == len(d.decisions()) == len(d.decided())
     assert _metric(w, 'neardup_published_total{topic="rejects"}') == len(d.rejects())
     assert _metric(w, 'neardup_tasks_open{kind="order"}') == 1
+
+
+def _group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    import asyncio
+
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def read() -> dict[tuple[str, int], int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            got = await admin.list_consumer_group_offsets(group)
+        finally:
+            await admin.close()
+        return {(tp.topic, tp.partition): meta.offset for tp, meta in got.items()}
+
+    return asyncio.run(read())
+
+
+def test_a_crawler_writing_in_transactions_has_its_markers_committed_past(
+    deploy: Any, tmp_path: Path
+) -> None:
+    """A transactional producer leaves a commit marker after each transaction, at an
+    offset with no record: once a task has read its partition to the end, the offset it
+    commits is past the last marker too, so the group's lag on the raw topic reaches 0."""
+    values = stream(range(1, 4))
+    ref = reference(values, tmp_path)
+    d = deploy(2, "partitioned")
+    d.produce(values, transaction=5)
+    d.worker(0).start()
+    d.wait(lambda: all_out(ref, d), 240, "every page decided or dead-lettered")
+    check_against(ref, d)
+    ends = end_offsets(d.bootstrap, {d.names.raw: 2})
+
+    def drained() -> bool:
+        got = _group_offsets(d.bootstrap, d.names.app_id)
+        return all(got.get(tp) == end for tp, end in ends.items())
+
+    d.wait(drained, 120, "the raw partitions committed to their ends, markers included")
