@@ -138,9 +138,14 @@ class AnalyseTask:
         return [Out(HOSTS, h, b"", mark) for h in range(self.n)]
 
 
-class HostsAdapter:
-    def __init__(self, task: HostsTask) -> None:
-        self.task = task
+class StageAdapter:
+    """A partitioned stage (hosts, buckets, decide) as the simulator runs it: a turn ends
+    with the stage's ``tick``, told whether the task is idle."""
+
+    def __init__(
+        self, task: HostsTask | BucketsTask | DecideTask, end: Callable[[bool], list[Out]]
+    ) -> None:
+        self.task, self._end = task, end
 
     def load(self) -> None:
         self.task.load()
@@ -149,35 +154,7 @@ class HostsAdapter:
         return self.task.step(raw, arrived)
 
     def end(self, idle: bool) -> list[Out]:
-        return self.task.tick(idle)
-
-
-class BucketsAdapter:
-    def __init__(self, task: BucketsTask) -> None:
-        self.task = task
-
-    def load(self) -> None:
-        self.task.load()
-
-    def step(self, raw: bytes, arrived: float) -> list[Out]:
-        return self.task.step(raw, arrived)
-
-    def end(self, idle: bool) -> list[Out]:
-        return self.task.tick()
-
-
-class DecideAdapter:
-    def __init__(self, task: DecideTask) -> None:
-        self.task = task
-
-    def load(self) -> None:
-        self.task.load()
-
-    def step(self, raw: bytes, arrived: float) -> list[Out]:
-        return self.task.step(raw, arrived)
-
-    def end(self, idle: bool) -> list[Out]:
-        return self.task.tick(idle)
+        return self._end(idle)
 
 
 class OrderAdapter:
@@ -259,11 +236,14 @@ class Topology:
         if kind == "analyse":
             return AnalyseTask(store, self.pages, i, n, clock)
         if kind == "hosts":
-            return HostsAdapter(HostsTask(store, cfg, i, n, clock=clock))
+            hosts = HostsTask(store, cfg, i, n, clock=clock)
+            return StageAdapter(hosts, hosts.tick)
         if kind == "buckets":
-            return BucketsAdapter(BucketsTask(store, cfg, i, n, clock=clock))
+            buckets = BucketsTask(store, cfg, i, n, clock=clock)
+            return StageAdapter(buckets, lambda idle: buckets.tick())
         if kind == "decide":
-            return DecideAdapter(DecideTask(store, cfg, i, n, clock=clock))
+            decide = DecideTask(store, cfg, i, n, clock=clock)
+            return StageAdapter(decide, decide.tick)
         return OrderAdapter(OrderTask(store, cfg, n, clock=clock), n)
 
     def clock(self) -> float:
@@ -324,7 +304,7 @@ class Topology:
         processes (a crash starts a task's counts afresh)."""
         total = 0
         for u in self.units:
-            if isinstance(u.task, HostsAdapter | BucketsAdapter | DecideAdapter):
+            if isinstance(u.task, StageAdapter):
                 total += u.task.task.counts["late"]
             elif isinstance(u.task, OrderAdapter):
                 total += u.task.task.late

@@ -10,7 +10,6 @@ import contextlib
 import logging
 import math
 import signal
-import time
 from collections.abc import Callable
 
 from neardup.contract import max_line_bytes
@@ -18,6 +17,12 @@ from neardup.kafka import runtime
 from neardup.kafka.delivery import Config
 from neardup.kafka.security import aiokafka_kwargs
 from neardup.kafka.tasks import Context
+from neardup.kafka.topics import (
+    RAW_RECORD_SLACK,
+    admin_client,
+    partition_counts,
+    refuse_wrong_counts,
+)
 from neardup.kafka.topology import Topics, layout
 from neardup.settings import Settings
 
@@ -25,8 +30,6 @@ log = logging.getLogger("neardup.kafka")
 
 #: Internal records carry a page's analysis (fingerprints, and the text of a short page).
 INTERNAL_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-#: Room for a record's own fields around the longest raw line.
-RAW_RECORD_SLACK = 64 * 1024
 
 
 async def ensure_topics(
@@ -36,17 +39,11 @@ async def ensure_topics(
     made before, by hand or by a broker that creates topics on first use, keeps its own).
     A topic whose partition count the state depends on and that has another count ends
     the worker with a message saying what to do."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+    from aiokafka.admin import NewTopic  # type: ignore[import-untyped]
     from aiokafka.errors import TopicAlreadyExistsError  # type: ignore[import-untyped]
 
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.brokers,
-        request_timeout_ms=int(timeout_s * 1000),
-        **aiokafka_kwargs(settings),
-    )
-    await admin.start()
-    try:
-        have = await _partition_counts(admin, [topics.raw])
+    async with admin_client(settings, timeout_s) as admin:
+        have = await partition_counts(admin, [topics.raw], 0)
         raw = have.get(topics.raw, settings.partitions)
         wanted = topics.partitions(settings.partitions, raw)
         existing = set(await admin.list_topics())
@@ -68,36 +65,9 @@ async def ensure_topics(
             with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(missing)
             log.info("created topics %s", ", ".join(t.name for t in missing))
-        fixed = {t: wanted[t] for t in topics.fixed()}
-        deadline = time.monotonic() + timeout_s
-        counts = await _partition_counts(admin, list(fixed))
-        while any(t not in counts for t in fixed) and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            counts = await _partition_counts(admin, list(fixed))
-        wrong = {t: (counts.get(t), n) for t, n in fixed.items() if counts.get(t) != n}
-        if wrong:
-            raise SystemExit(
-                "neardup worker: these topics have the wrong number of partitions "
-                + ", ".join(f"{t} ({got}, not {want})" for t, (got, want) in wrong.items())
-                + ". The state depends on it: use the NEARDUP_PARTITIONS the state was built "
-                "with, or a new NEARDUP_APP_ID (and a new state)."
-            )
-        counts = await _partition_counts(admin, list(wanted))
-        while any(t not in counts for t in wanted) and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            counts = await _partition_counts(admin, list(wanted))
-        return counts
-    finally:
-        await admin.close()
-
-
-async def _partition_counts(admin: object, names: list[str]) -> dict[str, int]:
-    described = await admin.describe_topics(names)  # type: ignore[attr-defined]
-    return {
-        d["topic"]: len(d["partitions"])
-        for d in described
-        if not d.get("error_code") and d.get("partitions")
-    }
+        counts = await partition_counts(admin, list(wanted), timeout_s)
+    refuse_wrong_counts({t: wanted[t] for t in topics.fixed()}, counts)
+    return counts
 
 
 def run(settings: Settings, on_stop: Callable[[signal.Signals], None] | None = None) -> int:

@@ -104,7 +104,7 @@ def _configs(
 
 
 @contextlib.asynccontextmanager
-async def _admin(settings: Settings, timeout_s: float) -> AsyncIterator[Any]:
+async def admin_client(settings: Settings, timeout_s: float) -> AsyncIterator[Any]:
     """An aiokafka admin client on the worker's brokers, with its security settings."""
     from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
 
@@ -128,7 +128,7 @@ async def ensure_topics(settings: Settings, timeout_s: float = 60.0) -> list[str
     names = TopicNames.of(settings)
     wanted = names.partitions(settings)
     fixed = names.fixed(settings)
-    async with _admin(settings, timeout_s) as admin:
+    async with admin_client(settings, timeout_s) as admin:
         existing = set(await admin.list_topics())
         missing = [
             NewTopic(
@@ -145,22 +145,33 @@ async def ensure_topics(settings: Settings, timeout_s: float = 60.0) -> list[str
             with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(missing)
             log.info("created topics %s", ", ".join(t.name for t in missing))
-        have = await _partition_counts(admin, list(fixed))
-        # a topic created a moment ago may not be described yet (an error code, no
-        # partitions): wait for it rather than take it for the wrong size
-        deadline = time.monotonic() + timeout_s
-        while any(t not in have for t in fixed) and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            have = await _partition_counts(admin, list(fixed))
-        wrong = {t: (have.get(t), n) for t, n in fixed.items() if have.get(t) != n}
-        if wrong:
-            raise SystemExit(
-                "neardup worker: these topics have the wrong number of partitions "
-                + ", ".join(f"{t} ({got}, not {want})" for t, (got, want) in wrong.items())
-                + ". The state depends on it: use the NEARDUP_PARTITIONS the state was built "
-                "with, or a new NEARDUP_APP_ID (and a new state)."
-            )
+        refuse_wrong_counts(fixed, await partition_counts(admin, list(fixed), timeout_s))
         return [t.name for t in missing]
+
+
+def refuse_wrong_counts(fixed: dict[str, int], have: dict[str, int]) -> None:
+    """End the worker, saying what to do, if a topic whose partition count the state
+    depends on has another count."""
+    wrong = {t: (have.get(t), n) for t, n in fixed.items() if have.get(t) != n}
+    if wrong:
+        raise SystemExit(
+            "neardup worker: these topics have the wrong number of partitions "
+            + ", ".join(f"{t} ({got}, not {want})" for t, (got, want) in wrong.items())
+            + ". The state depends on it: use the NEARDUP_PARTITIONS the state was built "
+            "with, or a new NEARDUP_APP_ID (and a new state)."
+        )
+
+
+async def partition_counts(admin: Any, topics: list[str], timeout_s: float) -> dict[str, int]:
+    """The partition count of each of ``topics``. A topic created a moment ago may not be
+    described yet (an error code, no partitions): it is waited for, up to ``timeout_s``,
+    rather than taken for the wrong size."""
+    have = await _partition_counts(admin, topics)
+    deadline = time.monotonic() + timeout_s
+    while any(t not in have for t in topics) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        have = await _partition_counts(admin, topics)
+    return have
 
 
 async def tombstone_retention_ms(settings: Settings, timeout_s: float = 60.0) -> int:
@@ -174,7 +185,7 @@ async def tombstone_retention_ms(settings: Settings, timeout_s: float = 60.0) ->
 
     names = TopicNames.of(settings).changelogs(settings)
     wanted = {"delete.retention.ms": None}
-    async with _admin(settings, timeout_s) as admin:
+    async with admin_client(settings, timeout_s) as admin:
         responses = await admin.describe_configs(
             [ConfigResource(ConfigResourceType.TOPIC, name, wanted) for name in names]
         )
