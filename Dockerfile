@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The neardup Kafka worker. Build: docker build -t neardup .
 # Every third-party dependency with native code (numpy, rjieba, rocksdict, opencc,
-# selectolax, lxml, aiokafka, faust-streaming) ships a manylinux wheel whose only system
+# selectolax, lxml, aiokafka) ships a manylinux wheel whose only system
 # libraries (libc, libstdc++, libgcc_s, zlib) are already in the slim image, and jieba is
 # pure Python; so neither of the last two stages installs apt packages or a compiler.
 # The first builds neardup's wheel with its Rust module (native/) inside, on the same

@@ -32,7 +32,6 @@ import argparse
 import gzip
 import json
 import random
-import re
 import shutil
 import statistics
 import sys
@@ -200,13 +199,10 @@ def rebuild(broker: LocalBroker, tmp: Path, lines: list[bytes], pages: int) -> N
         ready = time.monotonic() - t0
         settle(d, ref, 600)
         done = time.monotonic() - t0
-        log = again.log.read_text(errors="replace").split("[^Worker]: Starting")[-1]
-        highwaters = _highwaters(log)
         print(f"state deleted with {pages} pages indexed: {outcome(values, ref, d)}")
         print(
-            f"  indexed at {rate:.0f} pages/s; rebuilt from the changelog in {ready:.1f} s "
-            f"({highwaters} changelog records), the remaining {len(values) - pages} pages "
-            f"decided {done:.1f} s after the start"
+            f"  indexed at {rate:.0f} pages/s; rebuilt from the changelog in {ready:.1f} s, "
+            f"the remaining {len(values) - pages} pages decided {done:.1f} s after the start"
         )
         if pages < 100_000:
             print(
@@ -216,18 +212,6 @@ def rebuild(broker: LocalBroker, tmp: Path, lines: list[bytes], pages: int) -> N
             )
     finally:
         d.close()
-
-
-def _highwaters(log: str) -> int:
-    """Sum of the changelog highwaters Faust prints before it restores."""
-    part = log.rsplit("Highwater for active changelog partitions", maxsplit=1)[-1]
-    part = part.split("Reading Starts", maxsplit=1)[0]
-    total = 0
-    for row in part.splitlines():
-        cells = [c.strip() for c in row.split("|") if c.strip()]
-        if len(cells) == 3 and cells[2].isdigit():
-            total += int(cells[2])
-    return total
 
 
 def slow_downstream(
@@ -252,7 +236,6 @@ def slow_downstream(
             time.sleep(1.0)
         out = len(d.decided()) + len(d.rejects())
         elapsed = time.monotonic() - t0
-        metrics = w.fetch("/metrics")[1]
     finally:
         broker.config("--alter", *quota, "--delete-config", "producer_byte_rate")
         d.close()
@@ -280,12 +263,6 @@ def slow_downstream(
         "(MiB), pages out: "
         + "; ".join(f"{tree:.0f} / {own:.0f}, {n}" for tree, own, n in windows.values())
     )
-    counters = {
-        name: re.search(rf"^{name} (\S+)$", metrics, re.M)
-        for name in ("neardup_partition_rereads_total", "neardup_absent_offset_runs_total",
-                     "neardup_raw_pauses_total")
-    }  # fmt: skip
-    print("  " + ", ".join(f"{k} {m.group(1) if m else '?'}" for k, m in counters.items()))
 
 
 def main() -> None:

@@ -73,7 +73,7 @@ def main() -> None:
     lines = [ln.rstrip(b"\n") for ln in raw_lines(args.data / "pages.jsonl.gz")]
     tmp = Path(tempfile.mkdtemp(prefix="neardup-memory-"))
     raw_configs = {"retention.ms": str(10 * 60 * 1000), "segment.bytes": str(128 << 20)}
-    run = Run(args.bootstrap, tmp, args.partitions, "routed", raw_configs)
+    run = Run(args.bootstrap, tmp, args.partitions, raw_configs)
     worker = run.worker(0)
     worker.env.update(dict(item.split("=", 1) for item in args.env))
     if args.checkout is not None:

@@ -1,9 +1,8 @@
-"""The ordered step's ceiling: the order task alone, against today's sequencer, on one broker.
-Prints figures; asserts nothing.
+"""The ordered step's ceiling: the order task alone, on one broker. Prints figures; asserts
+nothing.
 
     .venv/bin/python bench/scale.py [--bootstrap HOST:PORT] [--pages 600000] [--limit N]
         [--tick 1000] [--sources 8] [--max-records 5000] [--all-edges]
-        [--sequencer-pages 5000] [--skip sequencer]
 
 Without ``--bootstrap`` (or KAFKA_BOOTSTRAP_SERVERS) it starts scripts/kafka-local.sh on free
 loopback ports and stops it at the end. The dev pages are analysed once, then decided once
@@ -20,9 +19,6 @@ shares, before bridges). The stream is replayed under new ids (``page_id#r``), e
   with ``send_offsets_to_transaction``, commit, then the overlay to RocksDB. Timed from
   the first record consumed to the last verdict committed; CPU from the child's rusage
   over the same window.
-* **Today's sequencer:** the sequencer topic filled with today's framed ``PageMsg``s of
-  the same pre-analysed pages (and a drained mark), one routed worker on an empty raw
-  topic; timed from its first decision to its last, CPU of the worker's process tree.
 
 The last line is ``ordered step: N pages/s, X ms CPU a page``.
 """
@@ -50,7 +46,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import DATA, analysed_pages
 from neardup.config import EngineConfig
 from neardup.engine import Analysed, page_pid
-from neardup.flow.messages import Edge, EdgeMatch, Key, Mark, encode
+from neardup.flow.codec import encode
+from neardup.flow.messages import (
+    Edge,
+    EdgeMatch,
+    Key,
+    Mark,
+)
 
 DAY_MS = 86_400_000
 END: Key = (1 << 62, "")
@@ -301,8 +303,6 @@ def main() -> None:
     ap.add_argument("--sources", type=int, default=8, help="decide tasks (and pages partitions)")
     ap.add_argument("--max-records", type=int, default=5000, help="the runtime's fetch size")
     ap.add_argument("--all-edges", action="store_true", help="every page with an edge")
-    ap.add_argument("--sequencer-pages", type=int, default=5000, help="pages for today's sequencer")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["sequencer"])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -310,7 +310,7 @@ def main() -> None:
         return
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    analysed, base = prepare(args.data, args.limit)
+    _, base = prepare(args.data, args.limit)
     share = sum(bool(p.matches) for p in base) / len(base)
     print(f"{len(base)} dev pages analysed and decided in {time.perf_counter() - t0:.0f} s; "
           f"{share:.1%} have a match (edge pages)", flush=True)  # fmt: skip
@@ -329,11 +329,6 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="neardup-scale-"))
     try:
         order = run_order(bootstrap, tmp, base, args)
-        seq = None
-        if "sequencer" not in args.skip:
-            from bench.scale_sequencer import run_sequencer
-
-            seq = run_sequencer(bootstrap, tmp, analysed, args.sequencer_pages)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if broker is not None:
@@ -349,10 +344,6 @@ def main() -> None:
           f"{cpu / order.pages * 1000:.4f} ms a page ({order.pages / cpu:,.0f} pages per "
           f"CPU-second); max RSS {r['max_rss_mb']:.0f} MiB",
           flush=True)  # fmt: skip
-    if seq is not None:
-        from bench.scale_sequencer import summary
-
-        print(summary(seq))
     print(f"load average (1 min): {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; "
           f"{os.cpu_count()} cores")  # fmt: skip
     print(f"ordered step: {order.pages / secs:.0f} pages/s, {cpu / order.pages * 1000:.4f} ms "

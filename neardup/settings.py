@@ -68,67 +68,36 @@ class Settings(BaseSettings):
 
     #: Kafka bootstrap servers, comma-separated host:port (NEARDUP_BROKERS).
     brokers: str = "127.0.0.1:19092"
-    #: Faust application id: consumer group and prefix of internal topics (NEARDUP_APP_ID).
+    #: Application id: the consumer group, and the prefix of the internal topics and of
+    #: the transactional ids (NEARDUP_APP_ID).
     app_id: str = "neardup"
     #: Topics (NEARDUP_TOPIC_RAW, ..._DECISIONS, ..._MERGES, ..._REJECTS).
     topic_raw: str = "neardup.raw-pages"
     topic_decisions: str = "neardup.decisions"
     topic_merges: str = "neardup.cluster-merges"
     topic_rejects: str = "neardup.rejected-pages"
-    #: Partitions of the topics the worker creates (NEARDUP_PARTITIONS).
+    #: Partitions of the topics the worker creates (NEARDUP_PARTITIONS); the internal
+    #: topics' count is fixed once their state exists.
     partitions: int = Field(default=6, ge=1, le=1024)
     #: Replication factor of the topics the worker creates (NEARDUP_REPLICATION).
     replication: int = Field(default=1, ge=1)
     #: RocksDB state directory (NEARDUP_STATE_DIR).
     state_dir: str = "/var/lib/neardup"
-    #: at_least_once or exactly_once (NEARDUP_PROCESSING_GUARANTEE). The Kafka worker
-    #: runs at_least_once with idempotent outputs and refuses exactly_once: Faust's
-    #: transactions only cover outputs co-partitioned with the input (see neardup/kafka).
-    processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
-    #: How often the worker commits consumed offsets (NEARDUP_COMMIT_INTERVAL_MS); an idle
-    #: raw partition holds back the sequencer until its offset is committed.
-    commit_interval_ms: int = Field(default=1000, ge=50, le=60_000)
-    #: How often each worker reports its drained raw partitions (NEARDUP_MARK_INTERVAL_MS).
+    #: How often a task that has read all its input sends its mark again
+    #: (NEARDUP_MARK_INTERVAL_MS); it also sends it whenever it changes.
     mark_interval_ms: int = Field(default=500, ge=50, le=60_000)
-    #: How long a page waits, at most, for a drain mark made after it reached the
-    #: sequencer from each idle raw partition before the partition's last mark is taken
-    #: for it (NEARDUP_ORDER_WAIT_MS; 0: wait as long as it takes). A worker that died
-    #: sends no marks until its partitions have a new owner; this bounds the stall.
+    #: How long a page waits, at most, for a mark made after it arrived from each
+    #: upstream task before that task's last mark is taken for it
+    #: (NEARDUP_ORDER_WAIT_MS; 0: wait as long as it takes). A worker that died sends no
+    #: marks until its tasks have a new owner; this bounds the stall.
     order_wait_ms: int = Field(default=60_000, ge=0, le=86_400_000)
-    #: Messages in the sequencer topic not yet committed by the sequencer above which
-    #: the worker that runs it stops reading raw pages, until they are down to half
-    #: (NEARDUP_MAX_BACKLOG; 0: never). It puts the pages already analysed before new
-    #: ones when the broker or a quota is the bottleneck.
-    max_backlog: int = Field(default=2000, ge=0, le=10_000_000)
-    #: What the sequencer weighs, in raw partitions' worth of work per raw partition
-    #: (NEARDUP_SEQUENCER_WEIGHT): its CPU a page against the rest of a page's CPU on a
-    #: worker. The worker that runs it is given fewer raw partitions, as long as that
-    #: evens the load (``neardup.kafka.assign``); 0 deals them out evenly.
-    sequencer_weight: float = Field(default=0.4, ge=0, le=100)
-    #: Memory for the RocksDB databases of all the worker's table partitions together,
-    #: in MiB (NEARDUP_ROCKSDB_MEMORY_MB): one block cache, the memtables charged to it
-    #: (``neardup.kafka.rocksmem``), in place of Faust's defaults, which give each
-    #: partition's database a 2 GiB cache and 192 MiB of memtables of its own.
-    rocksdb_memory_mb: int = Field(default=256, ge=16, le=1_048_576)
-    #: Standby replicas of the state tables on other workers (NEARDUP_STANDBY_REPLICAS).
-    standby_replicas: int = Field(default=1, ge=0, le=8)
-    #: routed: the index is partitioned by bucket over NEARDUP_PARTITIONS partitions of
-    #: internal topics; sequential: the whole index sits with the sequencer;
-    #: partitioned: every stage partitioned, one ordered step over match edges, Kafka
-    #: transactions (``neardup.kafka.topology``) (NEARDUP_TOPOLOGY). All decide exactly
-    #: as ``neardup dedup`` does.
-    topology: Literal["routed", "sequential", "partitioned"] = "routed"
-    #: Static group membership (NEARDUP_GROUP_INSTANCE_ID), e.g. the pod's name: a worker
-    #: restarted under the same id takes its partitions back without waiting for its old
-    #: session to time out. Unset: dynamic membership. Never share one between two workers.
-    group_instance_id: str | None = None
     #: A worker that stops heartbeating leaves its group after this long, and its
-    #: partitions move (NEARDUP_SESSION_TIMEOUT_MS).
+    #: tasks move (NEARDUP_SESSION_TIMEOUT_MS).
     session_timeout_ms: int = Field(default=10_000, ge=6_000, le=300_000)
     #: Seconds a stop (SIGTERM, SIGINT) may take before the worker exits anyway, status 1
-    #: (NEARDUP_STOP_GRACE_S): Faust's shutdown waits for the broker without end, so a
-    #: worker told to stop while the broker is away would otherwise run until SIGKILL.
-    #: Keep it under the orchestrator's own grace (the chart's 60 s).
+    #: (NEARDUP_STOP_GRACE_S): a Kafka client that stops waits on its broker, so a worker
+    #: told to stop while the broker is away could otherwise run until SIGKILL. Keep it
+    #: under the orchestrator's own grace (the chart's 60 s).
     stop_grace_s: float = Field(default=45.0, ge=1, le=3600)
     #: Metrics and health endpoint (NEARDUP_HTTP_HOST, NEARDUP_HTTP_PORT).
     http_host: str = "127.0.0.1"
@@ -144,11 +113,6 @@ class Settings(BaseSettings):
     ssl_cafile: str | None = None
     #: Log level (NEARDUP_LOG_LEVEL).
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    #: The event loops of the worker and of Faust's consumer thread
-    #: (NEARDUP_EVENT_LOOP): uvloop (libuv; its policy, which mode's ``mode.loop.use``
-    #: sets too), or asyncio's own loop. uvloop takes less CPU a page (as bench/worker.py
-    #: shows, run with each). Faust's ``--loop`` and FAUST_LOOP, given, override it.
-    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     #: Engine parameters (NEARDUP_ENGINE__K1, ...).
     engine: EngineSettings = EngineSettings()
 
@@ -235,6 +199,29 @@ OTHER_VARIABLES = ("NEARDUP_CACHE_DIR", "NEARDUP_NATIVE", "NEARDUP_EXPECT_NATIVE
                    "NEARDUP_TOOLS", "NEARDUP_HELM_VERSION", "NEARDUP_FAULT_SEED")  # fmt: skip
 OTHER_PREFIXES = ("NEARDUP_KAFKA_",)
 
+#: Settings of the Faust worker, removed with it: set, each is named as no longer read.
+RETIRED_VARIABLES = ("NEARDUP_TOPOLOGY", "NEARDUP_PROCESSING_GUARANTEE",
+                     "NEARDUP_COMMIT_INTERVAL_MS", "NEARDUP_MAX_BACKLOG",
+                     "NEARDUP_SEQUENCER_WEIGHT", "NEARDUP_ROCKSDB_MEMORY_MB",
+                     "NEARDUP_STANDBY_REPLICAS", "NEARDUP_GROUP_INSTANCE_ID",
+                     "NEARDUP_EVENT_LOOP")  # fmt: skip
+
+
+def refused_variables(environ: Mapping[str, str]) -> list[str]:
+    """Why the worker must not start under ``environ``, a line each: a topology other than
+    the partitioned one asked for. Its internal topics, consumer group offsets and state
+    are not the partitioned worker's, which must not start on them."""
+    out = []
+    for var, value in sorted(environ.items()):
+        if var.upper() == "NEARDUP_TOPOLOGY" and value.strip().lower() != "partitioned":
+            out.append(
+                f"{var}={value}: the worker runs the partitioned topology only, the routed "
+                "and sequential ones are gone. Unset it, and start the partitioned worker on "
+                "a new NEARDUP_APP_ID and an empty NEARDUP_STATE_DIR: it cannot read the "
+                "internal topics and state of another topology (docs/kafka.md)"
+            )
+    return out
+
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """A warning for each NEARDUP_* variable in ``environ`` that no setting reads, naming
@@ -250,6 +237,12 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
             or name in names
             or name.startswith(("NEARDUP_ENGINE__", *OTHER_PREFIXES))
         ):
+            continue
+        if name in RETIRED_VARIABLES:
+            out.append(
+                f"{var} is set but is no longer a setting (the worker has one topology, "
+                "the partitioned one): ignored"
+            )
             continue
         near = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
         hint = f"; did you mean {near[0]}?" if near else ""

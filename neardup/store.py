@@ -178,7 +178,7 @@ class RocksKV:
         try:
             # the options for the default column family too: given only as the database's,
             # rocksdict takes that family's from the database's options file when the
-            # database exists, with no filter policy (``neardup.kafka.rocksmem``)
+            # database exists, with no filter policy
             access = AccessType.read_only() if read_only else AccessType.read_write()
             self._db = Rdict(path, opts, column_families={"default": opts}, access_type=access)
         except Exception as exc:  # rocksdict raises a bare Exception for IO errors
@@ -236,6 +236,11 @@ class RocksKV:
 
     def close(self) -> None:
         self._db.close()
+
+    def estimated_keys(self) -> int:
+        """RocksDB's estimate of the keys held (``rocksdb.estimate-num-keys``): cheap, read
+        from its table properties and memtables, no scan."""
+        return int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)
 
     def approximate_size(self) -> int:
         """Bytes of the files under the state directory."""

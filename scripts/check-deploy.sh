@@ -4,7 +4,8 @@
 #      and with SASL_SSL + ServiceMonitor + engine settings; every NEARDUP_* variable the
 #      rendered manifests set must be a field of neardup/settings.py; values the chart must
 #      refuse (replicas > partitions, SASL without a password, a password without SASL,
-#      HTTP port 0, exactly_once, a stop grace past the pod's) must fail to render;
+#      HTTP port 0, a stop grace past the pod's, a setting that is not one) must fail to
+#      render;
 #   2. docker-compose.yml: `docker compose config` where the compose plugin (or the older
 #      docker-compose) is installed; it is skipped, with a note, where neither is;
 #   3. tests/unit/test_deploy_files.py, which checks docker-compose.yml, the Dockerfile
@@ -175,8 +176,6 @@ expect_refusal "existingSecret.name without SASL" "uses no SASL" \
 expect_refusal "settings.sasl_password without SASL" "uses no SASL" \
     --set settings.security_protocol=SSL --set settings.sasl_password=not-a-real-password
 expect_refusal "an HTTP port of the kernel's choosing" "settings.http_port" --set settings.http_port=0
-expect_refusal "exactly_once, which the worker refuses" "crash-loop" \
-    --set settings.processing_guarantee=exactly_once
 expect_refusal "a stop grace past Kubernetes' own" "terminationGracePeriodSeconds" \
     --set settings.stop_grace_s=90
 expect_refusal "an unknown setting" "additional properties" --set settings.log_levle=DEBUG

@@ -55,6 +55,9 @@
 #                             broker's key and a certificate for IP 127.0.0.1, signed by a
 #                             CA of the caller's (clients trust that CA); unset: no SASL_SSL
 #   NEARDUP_KAFKA_SSL_KEYSTORE_PASSWORD  its password (default: empty)
+#   NEARDUP_KAFKA_ACLS        1: an authorizer (StandardAuthorizer): a SASL user may do only
+#                             what ACLs grant it; the PLAINTEXT listener's clients
+#                             (User:ANONYMOUS) are super users, and grant them
 # `start` and `env` then also print KAFKA_SASL_PLAINTEXT_SERVERS=127.0.0.1:<port> and, with
 # a keystore, KAFKA_SASL_SSL_SERVERS=127.0.0.1:<port>.
 #
@@ -202,6 +205,10 @@ secure_properties() {
         echo "listener.name.$listener.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
         echo "listener.name.$listener.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
     done
+    if [[ "${NEARDUP_KAFKA_ACLS:-0}" == 1 ]]; then
+        echo "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+        echo "super.users=User:ANONYMOUS"
+    fi
     if with_ssl; then
         echo "listener.name.sasl_ssl.ssl.keystore.type=PKCS12"
         echo "listener.name.sasl_ssl.ssl.keystore.location=$SSL_KEYSTORE"

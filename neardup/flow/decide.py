@@ -19,6 +19,9 @@ verdict hold nothing back, or the two tasks would wait on each other.
 
 Each change of state is written to the task's store as it is made; ``DecideTask(store)``
 over the last commit resumes where that commit left off.
+
+Retention of the records, and pages given up because a record for them could not be
+read: ``neardup.flow.upkeep``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from neardup import __version__
 from neardup.config import EngineConfig
 from neardup.decide import Match
 from neardup.engine import Merge
+from neardup.flow.codec import decode, encode
+from neardup.flow.expiry import ORDER_SOURCE
 from neardup.flow.messages import (
     ORDER,
     PAGES,
@@ -49,11 +54,20 @@ from neardup.flow.messages import (
     ToDecide,
     Verdict,
     WireError,
-    decode,
-    encode,
     partition_of_pid,
 )
 from neardup.flow.pending import Pending, Sources, Stored, edge_match, match_of, name_of
+from neardup.flow.upkeep import (
+    ASK,
+    HELD,
+    LOST_ORDER,
+    MARK,
+    PROGRESS,
+    RECORD,
+    REPEAT,
+    TODO,
+    Upkeep,
+)
 from neardup.flow.watermark import Store, Watermark, key_bytes, key_from_bytes
 from neardup.index import KVIndex, Lookup
 from neardup.records import utc_now
@@ -65,17 +79,10 @@ log = logging.getLogger(__name__)
 #: The topics users read (``neardup.flow.messages`` names the internal ones).
 DECISIONS, MERGES = "decisions", "merges"
 
-_RECORD = b"R"  # + pid (8) -> the page's record and its decision (``Stored``)
-_TODO = b"P"  # + key -> the ToDecide of a page not decided yet
-_PROGRESS = b"G"  # + key -> what came for a page not decided yet (``Pending.pack``)
-_REPEAT = b"W"  # + pid (8) + n (4) -> the nth page of an id whose first is not decided yet
-_ASK = b"Q"  # + key of the asker -> a SketchAsk waiting for records here
-_MARK = b"M"  # + source (4) -> its latest Mark
-_HELD = b"\x01d"  # the watermark's: pages that wait for it, its sources' marks
 _U32 = struct.Struct("<I")
 
 
-class DecideTask:
+class DecideTask(Upkeep):
     """Decide task ``partition`` of ``partitions`` (as many hosts tasks mark it)."""
 
     def __init__(
@@ -97,7 +104,7 @@ class DecideTask:
         #: decisions by kind, merges, edges, repeated, conflicts (this process)
         self.counts: Counter[str] = Counter()
         self.sources = Sources(partitions)
-        self.watermark = Watermark(store, _HELD, partitions, wait, clock)
+        self.watermark = Watermark(store, HELD, partitions, wait, clock)
         self.pages: dict[Key, Pending] = {}
         self.repeats: dict[int, list[ToDecide]] = {}
         self.asks: dict[Key, SketchAsk] = {}
@@ -122,10 +129,13 @@ class DecideTask:
             self._on_reply(msg, out)
         elif isinstance(msg, Verdict):
             self._on_verdict(msg, out)
+        elif isinstance(msg, Mark) and msg.source == ORDER_SOURCE:
+            if msg.frontier is not None:
+                self.on_horizon(msg.frontier[0])
         elif isinstance(msg, Mark):
             self.sources.on_mark(msg)
             self.watermark.on_mark(msg)
-            self.store.put_many([(_MARK + _U32.pack(msg.source), encode(msg))])
+            self.store.put_many([(MARK + _U32.pack(msg.source), encode(msg))])
         else:
             raise WireError(f"a {type(msg).__name__} does not belong on a pages partition")
         self._release(out)
@@ -150,6 +160,7 @@ class DecideTask:
         drained = None
         if idle and not len(self.watermark) and not any(p.open for p in self.pages.values()):
             drained = self.sources.drained_at()
+        self.sweep()
         mark = Mark(self.partition, self.frontier(), drained)
         if mark != self._last_mark:  # the same mark again says nothing: no record, no commit
             self._last_mark = mark
@@ -167,15 +178,24 @@ class DecideTask:
     def _on_page(self, m: ToDecide, raw: bytes, out: list[Out]) -> None:
         pid = m.analysed.pid
         stored = self._record(pid)
+        if pid in self.lost:
+            if stored is None:  # (the pages that find it read its record)
+                self._put_record(pid, Stored(m.record, b""), out)
+            page = self.pages.setdefault(m.key, Pending())
+            page.todo = m
+            self.give_up(m.key, page, "its id was given up before", out)
+            return
         if stored is None:
+            self._note(pid, m.key[0])
             self._put_record(pid, Stored(m.record, b""), out)
             page = self.pages.setdefault(m.key, Pending())
             page.todo = m
-            self.store.put_many([(_TODO + key_bytes(m.key), raw)])
+            self.store.put_many([(TODO + key_bytes(m.key), raw)])
             self._advance(m.key, page, out)
             return
         # a page id with a record: its first content wins, its first decision is sent
         self.counts["repeated"] += 1
+        stored = self._touch(pid, stored, m.key[0])
         if m.probes:  # (its hosts task took it for a new page: see ``Pending.drop``)
             mine = self.pages.setdefault(m.key, Pending())
             if mine.todo is None:  # the answers here are its own
@@ -187,7 +207,7 @@ class DecideTask:
             self._repeat(m, stored.decision, out)
         else:  # the first page of the id is not decided yet
             waiting = self.repeats.setdefault(pid, [])
-            at = _REPEAT + pid.to_bytes(8, "big") + len(waiting).to_bytes(4, "big")
+            at = REPEAT + pid.to_bytes(8, "big") + len(waiting).to_bytes(4, "big")
             waiting.append(m)
             self.store.put_many([(at, raw)])
 
@@ -205,6 +225,11 @@ class DecideTask:
         out.append(Out(DECISIONS, None, m.key[1].encode(), decision))
 
     def _on_answer(self, m: Answer, out: list[Out]) -> None:
+        if m.key[0] == LOST_ORDER:
+            self.on_lost(m.key[1], out)
+            return
+        if m.pid in self.lost:  # (its page was given up)
+            return
         page = self.pages.setdefault(m.key, Pending())
         if page.drop:
             page.drop -= 1
@@ -216,9 +241,9 @@ class DecideTask:
     def _save(self, key: Key, page: Pending) -> None:
         if page.todo is None and not page.drop and not page.answers:
             del self.pages[key]
-            self.store.delete_many([_PROGRESS + key_bytes(key)])
+            self.store.delete_many([PROGRESS + key_bytes(key)])
         else:
-            self.store.put_many([(_PROGRESS + key_bytes(key), page.pack())])
+            self.store.put_many([(PROGRESS + key_bytes(key), page.pack())])
 
     def _lookup(self, page: Pending) -> Lookup:
         """The engine's lookup, over the buckets' values as the answers gave them."""
@@ -258,11 +283,21 @@ class DecideTask:
     def _serve(self, ask: SketchAsk, out: list[Out]) -> None:
         """Reply to ``ask`` if every record it names is here, else once they are."""
         got = dict(zip(ask.pids, self._records(ask.pids), strict=True))
-        if any(s is None for s in got.values()):
+        # (a page given up may have no record: it never comes)
+        wanted = [p for p, s in got.items() if s is None and p not in self.lost]
+        if wanted and self._expired(ask):
+            self.counts["expired_asks"] += 1
+            log.warning(
+                "page %s asked for %d records this task has forgotten (retention_days: it "
+                "is that far behind); decided without them",
+                ask.asker,
+                len(wanted),
+            )
+        elif wanted:
             self.asks[ask.asker] = ask
-            for pid in (p for p, s in got.items() if s is None):
+            for pid in wanted:
                 self.missing.setdefault(pid, set()).add(ask.asker)
-            self.store.put_many([(_ASK + key_bytes(ask.asker), encode(ask))])
+            self.store.put_many([(ASK + key_bytes(ask.asker), encode(ask))])
             return
         records = tuple((pid, s.record) for pid, s in got.items() if s is not None)
         reply = SketchReply(ask.asker, ask.asker_pid, records)
@@ -275,7 +310,9 @@ class DecideTask:
     def _on_reply(self, m: SketchReply, out: list[Out]) -> None:
         page = self.pages.get(m.asker)
         if page is None or page.todo is None or page.asked is None:
-            raise ValueError(f"a sketch reply for page {m.asker}, which asked for none")
+            if m.asker_pid in self.lost:  # (its page was given up)
+                return
+            raise WireError(f"a sketch reply for page {m.asker}, which asked for none")
         page.replies.append(m)
         if len(page.replies) < page.asked:
             self._save(m.asker, page)
@@ -300,17 +337,21 @@ class DecideTask:
         return self._records([pid])[0]
 
     def _records(self, pids: Iterable[int]) -> list[Stored | None]:
-        raws = self.store.get_many([_RECORD + p.to_bytes(8, "big") for p in pids])
+        raws = self.store.get_many([RECORD + p.to_bytes(8, "big") for p in pids])
         return [None if r is None else Stored.unpack(r) for r in raws]
 
     def _put_record(self, pid: int, s: Stored, out: list[Out]) -> None:
         """Keep ``pid``'s record; reply to the asks that waited for it alone."""
-        self.store.put_many([(_RECORD + pid.to_bytes(8, "big"), s.pack())])
+        self.store.put_many([(RECORD + pid.to_bytes(8, "big"), s.pack())])
+        self._retry_asks(pid, out)
+
+    def _retry_asks(self, pid: int, out: list[Out]) -> None:
+        """Serve the asks that waited for ``pid``'s record alone."""
         for asker in sorted(self.missing.pop(pid, ())):
             ask = self.asks[asker]
             if not any(asker in self.missing.get(p, ()) for p in ask.pids):
                 del self.asks[asker]
-                self.store.delete_many([_ASK + key_bytes(asker)])
+                self.store.delete_many([ASK + key_bytes(asker)])
                 self._serve(ask, out)
 
     # -- decisions ---------------------------------------------------------------------------
@@ -318,7 +359,9 @@ class DecideTask:
     def _on_verdict(self, v: Verdict, out: list[Out]) -> None:
         page = self.pages.get(v.key)
         if page is None or page.edge is None:
-            raise ValueError(f"a verdict for page {v.key}, which sent no edge")
+            if v.pid in self.lost:  # (its page was given up)
+                return
+            raise WireError(f"a verdict for page {v.key}, which sent no edge")
         best = (
             next(match_of(x) for x in page.edge.matches if x.pid == v.kept[0]) if v.kept else None
         )
@@ -353,15 +396,15 @@ class DecideTask:
         self.counts[decision["decision"]] += 1
         self.counts["merges"] += len(roots[1:])
         del self.pages[key]
-        self.store.delete_many([_TODO + key_bytes(key), _PROGRESS + key_bytes(key)])
+        self.store.delete_many([TODO + key_bytes(key), PROGRESS + key_bytes(key)])
         if page.drop:  # a repeat of the same key has answers still to come
             self.pages[key] = Pending(drop=page.drop)
             self._save(key, self.pages[key])
         stored = self._record(a.pid)
         assert stored is not None
-        self._put_record(a.pid, Stored(stored.record, raw), out)
+        self._put_record(a.pid, Stored(stored.record, raw, stored.touched), out)
         waiting = self.repeats.pop(a.pid, [])
-        at = _REPEAT + a.pid.to_bytes(8, "big")
+        at = REPEAT + a.pid.to_bytes(8, "big")
         self.store.delete_many(at + n.to_bytes(4, "big") for n in range(len(waiting)))
         for m in waiting:
             self._repeat(m, raw, out)
@@ -373,26 +416,27 @@ class DecideTask:
         self.sources = Sources(self.partitions)
         self._last_mark = None
         self.watermark.load()
+        self.load_upkeep()
         self.pages, self.repeats, self.asks, self.missing = {}, {}, {}, {}
         msgs = {
             p: [(k[1:], decode(v)) for k, v in self.store.scan(p)]
-            for p in (_TODO, _REPEAT, _ASK, _MARK)
+            for p in (TODO, REPEAT, ASK, MARK)
         }
-        todos = {key_from_bytes(k): m for k, m in msgs[_TODO] if isinstance(m, ToDecide)}
-        for k, v in self.store.scan(_PROGRESS):
+        todos = {key_from_bytes(k): m for k, m in msgs[TODO] if isinstance(m, ToDecide)}
+        for k, v in self.store.scan(PROGRESS):
             key = key_from_bytes(k[1:])
             self.pages[key] = Pending.unpack(todos.pop(key, None), v)
         for key, todo in todos.items():
             self.pages[key] = Pending(todo)
-        for _, m in msgs[_REPEAT]:  # (in the order they came: the keys sort so)
+        for _, m in msgs[REPEAT]:  # (in the order they came: the keys sort so)
             if isinstance(m, ToDecide):
                 self.repeats.setdefault(m.analysed.pid, []).append(m)
-        for _, ask in msgs[_ASK]:
+        for _, ask in msgs[ASK]:
             if isinstance(ask, SketchAsk):
                 self.asks[ask.asker] = ask
                 for pid, s in zip(ask.pids, self._records(ask.pids), strict=True):
                     if s is None:
                         self.missing.setdefault(pid, set()).add(ask.asker)
-        for _, mark in msgs[_MARK]:
+        for _, mark in msgs[MARK]:
             if isinstance(mark, Mark):
                 self.sources.on_mark(mark)

@@ -21,6 +21,11 @@ partition: nothing more from this task below its frontier.
 A page id first seen under another host (or past the host's window) is counted again here,
 probed and added to its buckets, and decided by its decide task, which holds its record
 already, with the first decision: as ``neardup dedup`` does it.
+
+The task's state is the template filter's, bounded as ``neardup dedup`` bounds it, not by
+``retention_days``: ``template_window`` pages a host (page ids seen included) and the
+hosts seen within ``template_idle_days`` (``neardup.template``); and the pages behind its
+watermark.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import numpy as np
 from neardup.analysis import Analysed, for_decision
 from neardup.config import EngineConfig
 from neardup.facts import with_facts
+from neardup.flow.codec import decode, encode
 from neardup.flow.messages import (
     PAGES,
     PROBES,
@@ -45,8 +51,6 @@ from neardup.flow.messages import (
     Probe,
     ToDecide,
     WireError,
-    decode,
-    encode,
     partition_of_bucket,
     partition_of_pid,
 )

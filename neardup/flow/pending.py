@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neardup.decide import Kind, Match
+from neardup.flow.codec import decode, encode
 from neardup.flow.messages import (
     Answer,
     Edge,
@@ -18,11 +19,10 @@ from neardup.flow.messages import (
     PageRecord,
     SketchReply,
     ToDecide,
-    decode,
-    encode,
+    WireError,
 )
 
-_REC_HEAD = struct.Struct("<qIIII")  # order, shingles; page id, url, sketch lengths
+_REC_HEAD = struct.Struct("<qqIIII")  # order, touched, shingles; page id, url, sketch lengths
 _PAGE_HEAD = struct.Struct("<iII?")  # replies to expect (-1: not asked), answers to drop,
 # answers and replies held, an edge sent (then its Edge and a SketchReply of names)
 _U32 = struct.Struct("<I")
@@ -30,26 +30,34 @@ _U32 = struct.Struct("<I")
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """A page's record, and its decision as published (empty: not decided yet)."""
+    """A page's record, and its decision as published (empty: not decided yet);
+    ``touched``: the latest fetch time its id came with (None: the record's own), from
+    which retention counts."""
 
     record: PageRecord
     decision: bytes
+    touched: int | None = None
+
+    @property
+    def last(self) -> int:
+        return self.record.order if self.touched is None else self.touched
 
     def pack(self) -> bytes:
         r = self.record
         page_id, url = r.page_id.encode(), r.url.encode()
-        head = _REC_HEAD.pack(r.order, r.shingles, len(page_id), len(url), len(r.sketch))
+        sizes = (len(page_id), len(url), len(r.sketch))
+        head = _REC_HEAD.pack(r.order, self.last, r.shingles, *sizes)
         return b"".join((head, page_id, url, r.sketch, self.decision))
 
     @classmethod
     def unpack(cls, raw: bytes) -> Stored:
-        order, shingles, *sizes = _REC_HEAD.unpack_from(raw)
+        order, touched, shingles, *sizes = _REC_HEAD.unpack_from(raw)
         cuts = [_REC_HEAD.size]
         for n in sizes:
             cuts.append(cuts[-1] + n)
         page_id, url, sketch = (raw[a:b] for a, b in itertools.pairwise(cuts))
         record = PageRecord(page_id.decode(), url.decode(), order, shingles, sketch)
-        return cls(record, raw[cuts[-1] :])
+        return cls(record, raw[cuts[-1] :], None if touched == order else touched)
 
 
 @dataclass(slots=True)
@@ -109,7 +117,7 @@ class Sources:
 
     def on_mark(self, mark: Mark) -> None:
         if not 0 <= mark.source < self.sources:
-            raise ValueError(f"a mark from source {mark.source}, not in 0..{self.sources - 1}")
+            raise WireError(f"a mark from source {mark.source}, not in 0..{self.sources - 1}")
         self.marks[mark.source] = mark
 
     def drained_at(self) -> float | None:

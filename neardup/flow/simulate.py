@@ -27,7 +27,9 @@ from typing import Protocol
 from neardup.analysis import Analysed
 from neardup.config import EngineConfig
 from neardup.flow.buckets import BucketsTask
+from neardup.flow.codec import decode, encode
 from neardup.flow.decide import DECISIONS, MERGES, DecideTask
+from neardup.flow.expiry import Horizon
 from neardup.flow.hosts import HostsTask
 from neardup.flow.messages import (
     HOSTS,
@@ -38,8 +40,6 @@ from neardup.flow.messages import (
     Mark,
     Out,
     PageIn,
-    decode,
-    encode,
     partition_of_host,
     partition_of_pid,
 )
@@ -160,6 +160,7 @@ class StageAdapter:
 class OrderAdapter:
     def __init__(self, task: OrderTask, n: int) -> None:
         self.task, self.n = task, n
+        self.horizon = Horizon(task.cfg.retention_days, n)
 
     def load(self) -> None:
         self.task.load()
@@ -175,7 +176,10 @@ class OrderAdapter:
     def end(self, idle: bool) -> list[Out]:
         out = self._verdicts()
         self.task.flush()
-        return out
+        released = self.task.edges.released
+        if released is not None:  # as ``OrderStep`` prunes, but on every turn
+            self.task.prune(released[0])
+        return out + [Out(PAGES, p, b"", raw) for p, raw in self.horizon.marks(self.task.edges.w)]
 
     def _verdicts(self) -> list[Out]:
         return [

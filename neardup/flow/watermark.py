@@ -273,8 +273,11 @@ class Watermark:
         order, then the others in key order (ties in arrival order)."""
         items, self._late = self._late, []
         self.late += len(items)
-        while self._heap and next(self._blockers(self._heap[0]), None) is None:
-            items.append(heapq.heappop(self._heap))
+        heap, w = self._heap, self._w
+        while heap and (
+            (w is not None and heap[0][0] < w) or next(self._blockers(heap[0]), None) is None
+        ):
+            items.append(heapq.heappop(heap))
         if not items:
             return []
         stored = [i for i in items if i not in self._fresh]
@@ -297,6 +300,18 @@ class Watermark:
         return out
 
     # -- what holds it back (for the stall log and the metrics) ----------------------------
+
+    def newest(self) -> Key | None:
+        """The greatest key held (None: nothing held)."""
+        return max(self._arrived)[0] if self._arrived else None
+
+    def oldest(self) -> Key | None:
+        """The key of the next item to go in key order (None: nothing held)."""
+        return self._heap[0][0] if self._heap else None
+
+    def fronts(self) -> dict[int, Key | None]:
+        """Each source's latest frontier (None: it has promised nothing)."""
+        return {s: self._marks.get(s, Source()).frontier for s in range(self.sources)}
 
     def blocking(self) -> list[int]:
         """The sources that hold back the next pending item."""

@@ -37,6 +37,7 @@ from aiokafka.errors import KafkaError, ProducerFenced  # type: ignore[import-un
 
 from neardup.kafka.assignor import Task
 from neardup.kafka.taskstate import Overlay, open_store
+from neardup.store import StateError
 
 log = logging.getLogger("neardup.kafka")
 
@@ -71,7 +72,7 @@ class Step(Protocol):
 
     def on_tick(self, now: float, kv: Overlay, out: Out, caught_up: bool) -> None:
         """Called every ``tick_ms``. ``caught_up``: the task had read every input up to
-        its last stable offset as of its last fetch."""
+        its last stable offset as of ``now`` (read from the broker after ``now``)."""
 
 
 StepFactory = Callable[[Task], Step]
@@ -266,10 +267,11 @@ class TaskRunner:
         self.last_commit = time.monotonic()
         try:
             kv.flush(reached)
-        except Exception as exc:  # committed: a replay would double it; restore catches up
-            raise ProducerBrokenError(
-                f"{self.task.name}: committed, but writing the store failed ({exc!r})"
-            ) from exc
+        except Exception as exc:
+            # committed: a replay would double it. A store that cannot be written (a full
+            # disk) stops the worker; the next start catches it up from its changelog
+            path = os.path.join(self.cfg.state_dir, self.task.name)
+            raise StateError(f"cannot write the task store {path}: {exc}") from exc
         return time.perf_counter() - start
 
     async def _send(
@@ -300,11 +302,13 @@ class TaskRunner:
         self.next = dict(self.committed)
 
     async def close(self) -> None:
-        if self.kv is not None:
-            self.kv.drop()
-            self.kv.store.close()
-            self.kv = None
-        await self.producer.stop()
+        kv, self.kv = self.kv, None
+        try:
+            if kv is not None:
+                kv.drop()
+                kv.store.close()
+        finally:
+            await self.producer.stop()
 
 
 def _forget(sent: Sequence[tuple[Any, int]]) -> None:

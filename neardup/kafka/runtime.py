@@ -12,6 +12,7 @@ to the group's committed offsets. The protocol is eager: a rebalance revokes eve
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -24,6 +25,7 @@ from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 
 from neardup.kafka.assignor import Layout, Task, task_assignor
 from neardup.kafka.delivery import Config, FencedError, ProducerBrokenError, StepFactory, TaskRunner
+from neardup.store import StateError
 
 log = logging.getLogger("neardup.kafka")
 
@@ -53,6 +55,8 @@ class Runtime:
         self.restore_lock = asyncio.Lock()
         self.generation = 0
         self.stopping = False
+        #: What stops the worker (a store it cannot open or write), raised by ``run``.
+        self.fatal: StateError | None = None
         self.records = 0
         self.commit_seconds: deque[float] = deque(maxlen=100_000)
         #: Records committed to each output topic by this worker's tasks.
@@ -70,6 +74,11 @@ class Runtime:
         self.reader = AIOKafkaConsumer(group_id=None, **kw)
 
     async def start(self) -> None:
+        # A task keeps many small objects for long (the order task's union-find nodes,
+        # items held behind a watermark), which the collector's default thresholds walk
+        # again and again: 15% of the order task's CPU. Cycles are rare in a step's
+        # garbage, so collecting less often costs little memory.
+        gc.set_threshold(50_000, 20, 20)
         await self.reader.start()
         await self.consumer.start()
         self.consumer.subscribe(list(self.cfg.topics), listener=_Listener(self))
@@ -102,8 +111,17 @@ class Runtime:
         async with self.lock:
             for runner in list(self.tasks.values()):
                 await self._close(runner)
+        if self.fatal is not None:
+            raise self.fatal
 
     async def close(self) -> None:
+        # tasks still open after ``run`` raised: their producers stopped, nothing committed
+        for runner in list(self.tasks.values()):
+            self.tasks.pop(runner.task.name, None)
+            try:
+                await runner.close()
+            except Exception as exc:  # the store that failed: said already
+                log.debug("task %s: closing it failed: %r", runner.task.name, exc)
         await self.consumer.stop()
         await self.reader.stop()
 
@@ -138,16 +156,21 @@ class Runtime:
                     now, at = time.monotonic(), "tick"
                     if now - runner.last_tick >= self.cfg.tick_ms / 1000:
                         runner.last_tick = now
-                        caught_up = await self._caught_up(runner)
-                        runner.step.on_tick(time.time(), kv, runner.out, caught_up)
+                        caught_up, as_of = await self._caught_up(runner)
+                        runner.step.on_tick(as_of, kv, runner.out, caught_up)
+            except StateError:
+                raise  # a commit's store write: stepped again, it would be published twice
             except Exception:
                 log.exception("task %s failed at %s", runner.task.name, at)
                 self._rewind(runner)
         due = [r for r in self.tasks.values() if r.due(time.monotonic(), mid_batch=False)]
         await asyncio.gather(*(self._commit(r) for r in due))
 
-    async def _caught_up(self, runner: TaskRunner) -> bool:
-        caught_up = True
+    async def _caught_up(self, runner: TaskRunner) -> tuple[bool, float]:
+        """Whether the task has read every input up to its last stable offset, and the
+        time, taken before the read of those offsets: a drained mark made with it vouches
+        only for what was written before then."""
+        caught_up, as_of = True, time.time()
         for tp in runner.task.inputs:
             lso = self.consumer.last_stable_offset(tp)
             # the position, not the runner's next offset: it is past transaction markers
@@ -158,7 +181,19 @@ class Runtime:
                 # every record below it was handed to the task: the offset committed next
                 # passes the transaction markers after its last record too
                 runner.next[tp] = position
-        return caught_up
+        if not caught_up:
+            return False, as_of
+        # the stable offsets above came with the last fetch of each partition, which may be
+        # seconds old on a busy worker: asked again, so that ``as_of`` is no later than them
+        as_of = time.time()
+        try:
+            stable = await self.consumer.end_offsets(list(runner.task.inputs))
+        except KafkaError:  # the broker away: not known to be caught up
+            return False, as_of
+        for tp in runner.task.inputs:
+            if await self.consumer.position(tp) < stable[tp]:
+                return False, as_of
+        return True, as_of
 
     async def _commit(self, runner: TaskRunner, final: bool = False) -> bool:
         """Commit ``runner``'s step; False if it failed (the task is rewound or dropped)."""
@@ -170,6 +205,8 @@ class Runtime:
         try:
             self.commit_seconds.append(await runner.commit(self.cfg.app))
             self.published.update(sizes)
+        except StateError:
+            raise
         except FencedError as exc:
             log.warning("task %s fenced (%s): dropped, its new owner has it", runner.task.name, exc)
             await self._drop(runner, None if final else self.cfg.session_timeout_ms / 1000)
@@ -244,6 +281,11 @@ class Runtime:
             if isinstance(result, TaskRunner):
                 self.tasks[task.name] = result
                 self.consumer.resume(*task.inputs)
+            elif isinstance(result, StateError) or str(result).startswith("IO error"):
+                # a store that cannot be opened or written (locked, a full disk): trying
+                # again would only say so again
+                self.fatal = self.fatal or StateError(f"task {task.name}: {result}")
+                self.stopping = True
             else:
                 log.error("task %s did not open (%r): trying again", task.name, result)
                 self.consumer.pause(*task.inputs)

@@ -1,9 +1,9 @@
-"""The broker connection's security settings, for Faust and for plain aiokafka clients.
+"""The broker connection's security settings, for the aiokafka clients.
 
 Secrets come from ``Settings`` as ``SecretStr`` and are unwrapped only here, into the
-client objects; Faust's credentials print the user name only. The process's log records
-are scrubbed of the password (``install_log_redaction``), and a refused connection is
-explained without it (``connection_problem``).
+client objects. The process's log records are scrubbed of the password
+(``install_log_redaction``), and a refused connection is explained without it
+(``connection_problem``).
 """
 
 from __future__ import annotations
@@ -39,23 +39,6 @@ def aiokafka_kwargs(settings: Settings) -> dict[str, Any]:
         out["sasl_plain_username"] = settings.sasl_username
         out["sasl_plain_password"] = _password(settings)
     return out
-
-
-def faust_credentials(settings: Settings) -> Any | None:
-    """Faust's ``broker_credentials`` for the settings (None for PLAINTEXT)."""
-    import faust
-
-    ctx = ssl_context(settings)
-    if settings.security_protocol.startswith("SASL"):
-        return faust.SASLCredentials(
-            username=settings.sasl_username,
-            password=_password(settings),
-            ssl_context=ctx,
-            mechanism=settings.sasl_mechanism,
-        )
-    if ctx is not None:
-        return faust.SSLCredentials(ctx)
-    return None
 
 
 # -- keeping the password out of logs and messages -----------------------------------------
@@ -120,7 +103,7 @@ def _redacting_factory(
 
 def install_log_redaction(settings: Settings) -> None:
     """Mask the SASL password in every log record of this process, whatever logger or handler
-    writes it (Faust replaces the handlers when it starts, so this wraps the record factory),
+    writes it (handlers may be replaced later, so this wraps the record factory),
     and drop the SASL payloads aiokafka logs at DEBUG. Calling it again adds a secret."""
     conn_log = logging.getLogger("aiokafka.conn")
     if not any(isinstance(f, _SaslPayloadFilter) for f in conn_log.filters):
@@ -193,3 +176,52 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, ConnectionResetError | TimeoutError) or "closed" in text:
         text += " (does NEARDUP_SECURITY_PROTOCOL match the listener's?)"
     return text
+
+
+# -- saying which ACL is missing -------------------------------------------------------------
+
+
+async def check_transactions(settings: Settings, group: str, topic: str) -> None:
+    """End the worker, in one line naming the ACL to grant, if its user may not use the
+    transactional ids ``<app>-*`` (TransactionalId Write) or the consumer group ``group``
+    (Group Read; checked by reading its offset of ``topic``'s partition 0). Without them
+    every task fails to open, or the consumer to join, again and again, in a log line
+    each. The transaction is one of its own id, ``<app>-access-check``, and empty."""
+    from aiokafka import (  # type: ignore[import-untyped]
+        AIOKafkaConsumer,
+        AIOKafkaProducer,
+        TopicPartition,
+    )
+    from aiokafka.errors import (  # type: ignore[import-untyped]
+        GroupAuthorizationFailedError,
+        ProducerFenced,
+        TransactionalIdAuthorizationFailed,
+    )
+
+    user = f"user {settings.sasl_username!r}" if settings.sasl_username else "the worker's user"
+    kwargs = {"bootstrap_servers": settings.brokers, **aiokafka_kwargs(settings)}
+    producer = AIOKafkaProducer(transactional_id=f"{settings.app_id}-access-check", **kwargs)
+    consumer = AIOKafkaConsumer(group_id=group, enable_auto_commit=False, **kwargs)
+    try:
+        await producer.start()
+        try:
+            await producer.begin_transaction()  # waits for InitProducerId
+            await producer.commit_transaction()
+        except ProducerFenced:
+            pass  # another worker's check took the id after this one's was granted
+        await consumer.start()
+        await consumer.committed(TopicPartition(topic, 0))
+    except TransactionalIdAuthorizationFailed:
+        raise SystemExit(
+            f"neardup worker: the brokers refuse {user} the transactional ids "
+            f"{settings.app_id}-*: grant it Write on TransactionalId prefix "
+            f"'{settings.app_id}-' (docs/kafka.md, Security)"
+        ) from None
+    except GroupAuthorizationFailedError:
+        raise SystemExit(
+            f"neardup worker: the brokers refuse {user} the consumer group {group!r}: "
+            f"grant it Read on Group '{group}' (docs/kafka.md, Security)"
+        ) from None
+    finally:
+        await producer.stop()
+        await consumer.stop()

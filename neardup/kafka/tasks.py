@@ -3,6 +3,14 @@
 
 Each task's step object is made anew after an aborted transaction, and reads its state
 again from the store; nothing it keeps in memory outlives a replay.
+
+A record on an internal topic that no version reads (``WireError``: a bug upstream, a
+mixed deployment, a record written there by hand) goes to the dead-letter topic with
+where it was and why, and the task goes on (``Unreadable``). A lost record a page waits
+for is reported to the page's decide task, which gives the page up
+(``neardup.flow.upkeep``). A lost mark holds nothing back for long: marks say where their
+source is, not what changed, and the source's next mark (on its next step, or its next
+drained mark while idle) says it again.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -17,7 +26,9 @@ from aiokafka.partitioner import murmur2  # type: ignore[import-untyped]
 
 from neardup.analysis import Analysed, Stats
 from neardup.config import EngineConfig
+from neardup.flow.analyse import analyse_messages
 from neardup.flow.buckets import BucketsTask
+from neardup.flow.codec import encode
 from neardup.flow.decide import DecideTask
 from neardup.flow.hosts import HostsTask
 from neardup.flow.messages import (
@@ -26,15 +37,15 @@ from neardup.flow.messages import (
     Out,
     PageIn,
     WireError,
-    encode,
     partition_of_host,
 )
 from neardup.flow.order import OrderStep
+from neardup.flow.upkeep import dead_letter, lost_notice
+from neardup.flow.watermark import key_from_bytes
 from neardup.kafka.assignor import Task
 from neardup.kafka.delivery import Out as Sink
 from neardup.kafka.delivery import Record
-from neardup.kafka.stage import analyse_messages
-from neardup.kafka.topology import ANALYSE, PART, Topics
+from neardup.kafka.topology import ANALYSE, ORDER_TASK, PART, Topics
 from neardup.records import Rejected
 
 log = logging.getLogger("neardup.kafka")
@@ -96,6 +107,65 @@ class Sender:
             sink.send(topic, part, o.key, o.value)
 
 
+class Tally:
+    """What this worker's tasks counted, for ``/metrics`` (``neardup.kafka.endpoint``):
+    added up over the tasks' step objects, a replayed step counted again."""
+
+    def __init__(self) -> None:
+        #: Records read, by kind of task.
+        self.records: Counter[str] = Counter()
+        #: Dead letters, by kind of task and reason (a rejection's, or ``unreadable``: a
+        #: record on an internal topic no version reads, or ``given_up``: a page whose
+        #: record was lost).
+        self.dead: Counter[tuple[str, str]] = Counter()
+        #: The stages' own counts (``HostsTask.counts`` and the like), by stage and name.
+        self.stages: Counter[tuple[str, str]] = Counter()
+
+    def add(self, stage: str, now: Counter[str], before: Counter[str]) -> None:
+        """Count ``now - before``, a stage's counts since they were ``before``."""
+        for name, n in now.items():
+            if n != before.get(name, 0):
+                self.stages[(stage, name)] += n - before.get(name, 0)
+                before[name] = n
+
+
+class Unreadable:
+    """Records of an internal topic no version reads: each to the dead-letter topic, and,
+    when its key names a page that waits for it, a ``lost_notice`` to the page's decide
+    task."""
+
+    def __init__(self, ctx: Context, kind: str) -> None:
+        self.ctx, self.kind = ctx, kind
+
+    def outs(self, r: Any, exc: Exception, name: str | None) -> list[Out]:
+        where = f"{r.topic}[{r.partition}]@{r.offset}"
+        log.warning("unreadable record at %s (%s): sent to the dead-letter topic", where, exc)
+        self.ctx.tally.dead[(self.kind, "unreadable")] += 1
+        out = [dead_letter(name, None, f"unreadable record at {where}: {exc}")]
+        if name:
+            out.append(lost_notice(name, self.ctx.partitions))
+        return out
+
+    def on_order(self, r: Any, exc: WireError, sink: Any) -> None:
+        """``OrderStep``'s ``on_bad``: an edge is keyed by its page's key."""
+        name = None
+        if r.key and len(r.key) > 8:
+            try:
+                name = key_from_bytes(r.key)[1]
+            except UnicodeDecodeError:
+                name = None
+        self.ctx.sender.send(sink, self.outs(r, exc, name))
+
+
+def page_name(r: Record) -> str | None:
+    """The page a record of the probes or pages topic is for: its key (a page id; a mark
+    has none)."""
+    try:
+        return (r.key.decode("utf-8") or None) if r.key else None
+    except UnicodeDecodeError:
+        return None
+
+
 class Marks:
     """When a task sends its mark: whenever it changes, and, while the task is drained,
     again every ``interval`` seconds (a drained mark's time vouches for what reached the
@@ -135,9 +205,11 @@ class AnalyseStep:
         self._load(kv)
         ctx = self.ctx
         results = analyse_messages([r.value for r in records], ctx.cfg, self.stats, ctx.sandbox)
+        ctx.tally.records[ANALYSE] += len(records)
         outs: list[Out] = []
         for a in results:
             if isinstance(a, Rejected):
+                ctx.tally.dead[(ANALYSE, str(a.reason))] += 1
                 body = a.to_json()
                 key = (a.page_id or "").encode()
                 outs.append(Out("rejects", None, key, ctx.json(body)))
@@ -172,6 +244,9 @@ class PartStep:
     def __init__(self, i: int, ctx: Context) -> None:
         self.i, self.ctx = i, ctx
         self.stages: tuple[HostsTask, BucketsTask, DecideTask] | None = None
+        self.unreadable = Unreadable(ctx, PART)
+        #: The stages' counts as last added to the worker's tally.
+        self.tallied: dict[str, Counter[str]] = {}
 
     def _stages(self, kv: Any) -> tuple[HostsTask, BucketsTask, DecideTask]:
         if self.stages is None:
@@ -186,16 +261,28 @@ class PartStep:
     def on_records(self, records: Sequence[Record], kv: Any, out: Sink) -> None:
         hosts, buckets, decide = self._stages(kv)
         topics, send = self.ctx.topics, self.ctx.sender.send
+        self.ctx.tally.records[PART] += len(records)
         for r in records:
-            if r.value is None:
-                raise WireError(f"a record without a value at {r.topic}[{r.partition}] {r.offset}")
-            arrived = r.timestamp / 1000
+            stage: HostsTask | BucketsTask | DecideTask = decide
             if r.topic == topics.hosts:
-                send(out, hosts.step(r.value, arrived))
+                stage = hosts
             elif r.topic == topics.probes:
-                send(out, buckets.step(r.value, arrived))
-            else:
-                send(out, decide.step(r.value, arrived))
+                stage = buckets
+            try:
+                if r.value is None:
+                    raise WireError("a record without a value")
+                outs = stage.step(r.value, r.timestamp / 1000)
+            except WireError as exc:  # raised before the stage changed anything
+                outs = self.unreadable.outs(r, exc, None if stage is hosts else page_name(r))
+            send(out, outs)
+        self._tally()
+
+    def _tally(self) -> None:
+        assert self.stages is not None
+        hosts, buckets, decide = self.stages
+        for name, counts in (("hosts", hosts.counts), ("buckets", buckets.counts),
+                             ("decide", decide.counts)):  # fmt: skip
+            self.ctx.tally.add(name, counts, self.tallied.setdefault(name, Counter()))
 
     def on_tick(self, now: float, kv: Any, out: Sink, caught_up: bool) -> None:
         # Marks are in-band: a source's mark comes after everything it vouches for, so a
@@ -207,6 +294,27 @@ class PartStep:
         send(out, hosts.tick(True, as_of=math.inf))
         send(out, buckets.tick())
         send(out, decide.tick(True))
+        self._tally()
+
+
+class CountedOrderStep(OrderStep):
+    """The order task's step, its records counted in the worker's tally."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        super().__init__(
+            ctx.cfg,
+            ctx.partitions,
+            ctx.topics.pages,
+            ctx.partitions,
+            wait=ctx.order_wait,
+            clock=ctx.clock,
+            on_bad=Unreadable(ctx, ORDER_TASK).on_order,
+        )
+
+    def on_records(self, records: Sequence[Any], kv: Any, out: Any) -> None:
+        self.ctx.tally.records[ORDER_TASK] += len(records)
+        super().on_records(records, kv, out)
 
 
 class Context:
@@ -231,6 +339,7 @@ class Context:
         self.partitions, self.raw_partitions = partitions, raw_partitions
         self.order_wait, self.mark_interval = order_wait, mark_interval
         self.sandbox, self.clock = sandbox, clock
+        self.tally = Tally()
         have = dict(topics.partitions(partitions, raw_partitions))
         have.update(counts or {})
         self.sender = Sender(topics, lambda t: have[t])
@@ -247,11 +356,4 @@ class Context:
             return AnalyseStep(int(task.name.rsplit("-", 1)[1]), self)
         if task.group == PART:
             return PartStep(int(task.name.rsplit("-", 1)[1]), self)
-        return OrderStep(
-            self.cfg,
-            self.partitions,
-            self.topics.pages,
-            self.partitions,
-            wait=self.order_wait,
-            clock=self.clock,
-        )
+        return CountedOrderStep(self)

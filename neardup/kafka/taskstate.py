@@ -84,15 +84,22 @@ class Overlay:
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """The keys under ``prefix`` with their values, in key order: this transaction's
-        writes over the store's."""
-        merged: dict[bytes, bytes | None] = {
-            k: v for k, v in self.store.scan(prefix) if not k.startswith(RESERVED)
-        }
-        merged.update((k, v) for k, v in self.dirty.items() if k.startswith(prefix))
-        for k in sorted(merged):
-            v = merged[k]
+        writes over the store's. The store is read as the caller goes (a caller that stops
+        early reads no further), this transaction's writes as they were when it began."""
+        mine = sorted((k, v) for k, v in self.dirty.items() if k.startswith(prefix))
+        stored = ((k, v) for k, v in self.store.scan(prefix) if not k.startswith(RESERVED))
+        cur = next(stored, None)
+        for k, v in mine:
+            while cur is not None and cur[0] < k:
+                yield cur
+                cur = next(stored, None)
+            if cur is not None and cur[0] == k:
+                cur = next(stored, None)
             if v is not None:
                 yield k, v
+        while cur is not None:
+            yield cur
+            cur = next(stored, None)
 
     def write(
         self, records: Sequence[tuple[bytes, bytes | None]], prefixes: Sequence[bytes] = ()

@@ -91,16 +91,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture
 def deploy(kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """``deploy(partitions, topology, bootstrap=...)``: a Deployment (topics and workers of
-    its own) closed at the end, its workers' logs printed if the test failed."""
+    """``deploy(partitions, bootstrap=...)``: a Deployment (topics and workers of its own)
+    closed at the end, its workers' logs printed if the test failed."""
     made: list[Deployment] = []
 
-    def make(
-        partitions: int, topology: str = "routed", *, bootstrap: str | None = None
-    ) -> Deployment:
-        d = Deployment(
-            bootstrap or kafka_bootstrap, tmp_path / f"d{len(made)}", partitions, topology
-        )
+    def make(partitions: int, *, bootstrap: str | None = None) -> Deployment:
+        d = Deployment(bootstrap or kafka_bootstrap, tmp_path / f"d{len(made)}", partitions)
         made.append(d)
         return d
 

@@ -231,26 +231,32 @@ def delete_topics(bootstrap: str, prefix: str | Iterable[str]) -> list[str]:
     return asyncio.run(run())
 
 
-def changelog_state(bootstrap: str, topic: str, partition: int, through: int) -> dict[bytes, bytes]:
-    """What a table partition holds after applying its changelog partition's records up
-    to offset ``through``: each key's last value, keys whose last record is a tombstone
-    left out."""
+def changelog_state(bootstrap: str, topic: str, partition: int, end: int) -> dict[bytes, bytes]:
+    """What a task store mirroring a changelog partition holds once it has applied the
+    partition's committed records below offset ``end`` (``neardup.kafka.taskstate``): each
+    key's last value, keys whose last record is a tombstone left out. Read with
+    read_committed, as a restore reads: records of aborted transactions never count."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     async def run() -> dict[bytes, bytes]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
         await consumer.start()
         try:
             tp = TopicPartition(topic, partition)
             consumer.assign([tp])
             await consumer.seek_to_beginning(tp)
             state: dict[bytes, bytes | None] = {}
-            while through >= 0 and await consumer.position(tp) <= through:
-                fetched = await consumer.getmany(tp, timeout_ms=5000)
-                if not fetched:
-                    raise AssertionError(f"{topic}[{partition}] ends before offset {through}")
+            deadline = time.monotonic() + 60
+            while await consumer.position(tp) < end:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{topic}[{partition}] not read to offset {end}")
+                fetched = await consumer.getmany(tp, timeout_ms=500)
                 for record in fetched.get(tp, []):
-                    if record.offset <= through:
+                    if record.offset < end:
                         state[record.key] = record.value
             return {k: v for k, v in state.items() if v is not None}
         finally:
@@ -276,55 +282,49 @@ def end_offsets(bootstrap: str, topics: dict[str, int]) -> dict[tuple[str, int],
     return asyncio.run(run())
 
 
-def local_tables(state_dir: Path) -> dict[tuple[str, int], Path]:
-    """A stopped worker's table partition databases by (table, partition)."""
-    out = {}
-    for db in sorted((state_dir / "v1" / "tables").glob("*-*.db")):
-        table, _, partition = db.name.removesuffix(".db").rpartition("-")
-        out[(table, int(partition))] = db
-    return out
+def task_stores(state_dir: Path) -> dict[str, Path]:
+    """A stopped worker's task stores (``neardup.kafka.delivery``: ``<state_dir>/<task>``)
+    by task name."""
+    return {p.name: p for p in sorted(state_dir.iterdir()) if (p / "CURRENT").is_file()}
 
 
-def read_table(db: Path) -> tuple[int | None, dict[bytes, bytes]]:
-    """A stopped worker's table partition: the changelog offset Faust persisted in it, and
-    its items but that offset and undo records (``neardup.kafka.undo``)."""
-    from rocksdict import Options, Rdict
+def read_store(path: Path) -> tuple[str | None, int, dict[bytes, bytes]]:
+    """A stopped worker's task store: the changelog partition it mirrors (``topic:n``),
+    the next changelog offset it holds, and its items but the runtime's own keys."""
+    from neardup.kafka.taskstate import items, stored_offset
+    from neardup.store import RocksKV
 
-    from neardup.kafka.undo import OFFSET_KEY, UNDO_PREFIX
-
-    rd = Rdict(str(db), Options(raw_mode=True))
+    kv = RocksKV(str(path), read_only=True)
     try:
-        items = dict(rd.items())
+        source, offset = stored_offset(kv)
+        return source, offset, dict(items(kv))
     finally:
-        rd.close()
-    offset = items.pop(OFFSET_KEY, None)
-    kept = {k: v for k, v in items.items() if not k.startswith(UNDO_PREFIX)}
-    return (None if offset is None else int(offset)), kept
+        kv.close()
 
 
-def tables_match_changelogs(
-    d: Deployment, workers: list[WorkerProcess]
+def stores_match_changelogs(
+    bootstrap: str, workers: list[WorkerProcess]
 ) -> dict[Path, tuple[tuple[str, int], int]]:
-    """Every table partition database the stopped ``workers`` keep, active or standby,
-    holds exactly what its changelog partition holds up to the offset stored in it.
-    Returns each database's changelog partition and that offset."""
+    """Every task store the stopped ``workers`` keep holds exactly what the committed
+    records of its changelog partition hold below the offset stored in it. Returns each
+    store's changelog partition and that offset."""
     offsets: dict[Path, tuple[tuple[str, int], int]] = {}
     for w in workers:
-        dbs = local_tables(Path(w.env["NEARDUP_STATE_DIR"]))
-        assert dbs, f"no tables in {w.env['NEARDUP_STATE_DIR']}"
-        for (table, partition), db in dbs.items():
-            offset, items = read_table(db)
-            assert offset is not None, db
-            topic = f"{d.names.app_id}-{table}-changelog"
-            want = changelog_state(d.bootstrap, topic, partition, offset)
-            missing = want.keys() - items.keys()
-            extra = items.keys() - want.keys()
-            wrong = [k for k in want.keys() & items.keys() if want[k] != items[k]]
+        stores = task_stores(Path(w.env["NEARDUP_STATE_DIR"]))
+        assert stores, f"no task stores in {w.env['NEARDUP_STATE_DIR']}"
+        for path in stores.values():
+            source, offset, kept = read_store(path)
+            assert source is not None, f"{path} names no changelog"
+            topic, _, partition = source.rpartition(":")
+            want = changelog_state(bootstrap, topic, int(partition), offset)
+            missing = want.keys() - kept.keys()
+            extra = kept.keys() - want.keys()
+            wrong = [k for k in want.keys() & kept.keys() if want[k] != kept[k]]
             assert not (missing or extra or wrong), (
-                f"{db} (through offset {offset}): {len(missing)} keys missing, {len(extra)} "
+                f"{path} (below offset {offset}): {len(missing)} keys missing, {len(extra)} "
                 f"not in the changelog, {len(wrong)} with other values"
             )
-            offsets[db] = ((topic, partition), offset)
+            offsets[path] = ((topic, int(partition)), offset)
     return offsets
 
 
@@ -460,7 +460,6 @@ class WorkerProcess:
         state_dir: Path,
         log: Path,
         *,
-        topology: str = "routed",
         env: dict[str, str] | None = None,
         loglevel: str = "info",
     ) -> None:
@@ -478,10 +477,7 @@ class WorkerProcess:
             "NEARDUP_PARTITIONS": str(partitions),
             "NEARDUP_STATE_DIR": str(state_dir),
             "NEARDUP_HTTP_PORT": str(self.port),
-            "NEARDUP_COMMIT_INTERVAL_MS": "300",
             "NEARDUP_MARK_INTERVAL_MS": "200",
-            "NEARDUP_STANDBY_REPLICAS": "0",
-            "NEARDUP_TOPOLOGY": topology,
             **(env or {}),
         }
         self.proc: subprocess.Popen[bytes] | None = None
@@ -622,11 +618,8 @@ class LocalBroker:
 class Deployment:
     """Unique topics, a collector on the outputs and worker processes, for one test."""
 
-    def __init__(
-        self, bootstrap: str, tmp: Path, partitions: int, topology: str = "routed"
-    ) -> None:
+    def __init__(self, bootstrap: str, tmp: Path, partitions: int) -> None:
         self.bootstrap = bootstrap
-        self.topology = topology
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.partitions = partitions
@@ -647,7 +640,6 @@ class Deployment:
             self.partitions,
             self.tmp / f"worker{index}",
             self.tmp / f"worker{index}.log",
-            topology=self.topology,
             env=env,
         )
         self.workers.append(w)
@@ -678,7 +670,8 @@ class Deployment:
         for w in live:
             sizes[w.log] = w.log.stat().st_size
             assert w.proc is not None
-            w.proc.send_signal(signal.SIGUSR1)
+            if _catches(w.proc.pid, signal.SIGUSR1):  # else SIGUSR1 would end it
+                w.proc.send_signal(signal.SIGUSR1)
         time.sleep(3)
         parts = []
         for w in live:
@@ -714,6 +707,16 @@ class Deployment:
         for w in self.workers:
             w.stop()
         self.collector.close()
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (``SigCgt`` in /proc, Linux)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((x.split()[1] for x in status.splitlines() if x.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) >> (sig - 1) & 1)
 
 
 # -- what every fault test checks ----------------------------------------------------------

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.integration
 
 def test_delete_topics_removes_one_runs_topics_and_no_other(kafka_bootstrap: str) -> None:
     names, other = Names(), Names()
-    mine = [names.raw, f"{names.prefix}-sequencer", f"{names.prefix}-state-changelog"]
+    mine = [names.raw, f"{names.prefix}-order", f"{names.prefix}-part-changelog"]
     # a name that only starts like the run's prefix, and another run's topic
     kept = [f"{names.prefix}x.raw", other.raw]
     create_topics(kafka_bootstrap, {t: 1 for t in mine + kept})

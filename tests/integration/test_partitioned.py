@@ -35,7 +35,7 @@ def test_the_endpoint_is_ready_and_counts_what_was_published_exactly_once(
 ) -> None:
     values = stream()
     ref = reference(values, tmp_path)
-    d = deploy(2, "partitioned")
+    d = deploy(2)
     d.produce(values)
     w = d.worker(0).start()
     d.wait(lambda: all_out(ref, d), 240, "every page decided or dead-lettered")
@@ -74,7 +74,7 @@ def test_a_crawler_writing_in_transactions_has_its_markers_committed_past(
     commits is past the last marker too, so the group's lag on the raw topic reaches 0."""
     values = stream(range(1, 4))
     ref = reference(values, tmp_path)
-    d = deploy(2, "partitioned")
+    d = deploy(2)
     d.produce(values, transaction=5)
     d.worker(0).start()
     d.wait(lambda: all_out(ref, d), 240, "every page decided or dead-lettered")

@@ -1,12 +1,17 @@
-"""The worker and the producer against a broker that wants SASL, with and without TLS.
+"""The worker and the producer against a broker that wants SASL, with and without TLS, and
+grants by ACL.
 
 A session fixture makes a throwaway CA and a broker certificate for 127.0.0.1 with the
 ``openssl`` command line (present wherever Python's ssl module is built, and needing no new
 Python dependency; the keystore is PKCS12, which the JDK reads natively, so keytool is not
-needed either), and starts its own broker with ``scripts/kafka-local.sh`` in secured mode:
-SASL_PLAINTEXT and SASL_SSL listeners, PLAIN and SCRAM users. Then the real worker process
-and ``python -m neardup.produce`` run over each listener: pages in, decisions out, the
-password nowhere in what they print or serve.
+needed either), and starts its own broker with ``scripts/kafka-local.sh`` in secured mode
+with an authorizer: SASL_PLAINTEXT and SASL_SSL listeners, PLAIN and SCRAM users, who may
+do only what ACLs grant them. The test grants them over the PLAINTEXT listener, whose
+clients are super users. Then the real worker process, with the ACLs docs/kafka.md lists
+and no others, and ``python -m neardup.produce``, as a crawler allowed to write the raw
+topic only, run over each listener: pages in, decisions out, the password nowhere in what
+they print or serve. Without its transactional or group ACL the worker stops in one line
+naming what to grant.
 """
 
 from __future__ import annotations
@@ -24,12 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from neardup.kafka.security import (
-    aiokafka_kwargs,
-    connection_problem,
-    describe,
-    faust_credentials,
-)
+from neardup.kafka.security import connection_problem, describe
 from neardup.settings import Settings
 from tests.integration.conftest import _no_broker
 from tests.integration.helpers import (
@@ -53,6 +53,9 @@ USER = "neardup-it"
 #: Distinctive, so that finding it anywhere can only be a leak.
 PASSWORD = "Zq7-canary-9fK2x-pw"
 WRONG = "Wv4-wrong-3hT8y-pw"
+#: The crawler's user: it may write the raw topic, nothing else.
+CRAWLER = "crawler-it"
+CRAWLER_PASSWORD = "Kc3-canary-5mR7q-pw"
 DEADLINE = 120.0
 
 
@@ -61,6 +64,8 @@ class SecureBroker:
     sasl_plaintext: str
     sasl_ssl: str
     cafile: str
+    #: The PLAINTEXT listener: its clients are super users (granting ACLs, reading outputs).
+    plaintext: str
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -102,7 +107,8 @@ def make_pki(where: Path, keystore_password: str) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def secure_broker() -> Iterator[SecureBroker]:
-    """A broker of its own in secured mode, whatever KAFKA_BOOTSTRAP_SERVERS says."""
+    """A broker of its own in secured mode with an authorizer, whatever
+    KAFKA_BOOTSTRAP_SERVERS says."""
     missing = [tool for tool in ("java", "mvn", "openssl") if not shutil.which(tool)]
     if missing:
         _no_broker(f"the secured broker needs {', '.join(missing)}")
@@ -113,9 +119,10 @@ def secure_broker() -> Iterator[SecureBroker]:
         run_dir / "kafka",
         {
             "NEARDUP_KAFKA_SECURE": "1",
+            "NEARDUP_KAFKA_ACLS": "1",
             "NEARDUP_KAFKA_SASL_PORT": str(sasl_port),
             "NEARDUP_KAFKA_SASL_SSL_PORT": str(ssl_port),
-            "NEARDUP_KAFKA_SASL_USERS": f"{USER}:{PASSWORD}",
+            "NEARDUP_KAFKA_SASL_USERS": f"{USER}:{PASSWORD},{CRAWLER}:{CRAWLER_PASSWORD}",
             "NEARDUP_KAFKA_SSL_KEYSTORE": str(keystore),
             "NEARDUP_KAFKA_SSL_KEYSTORE_PASSWORD": "ks-pw-throwaway",
         },
@@ -130,18 +137,77 @@ def secure_broker() -> Iterator[SecureBroker]:
         _no_broker(f"kafka-local.sh start (secured) failed:\n{started.stderr[-2000:]}")
     assert f"KAFKA_SASL_SSL_SERVERS=127.0.0.1:{ssl_port}" in started.stdout
     try:
-        yield SecureBroker(f"127.0.0.1:{sasl_port}", f"127.0.0.1:{ssl_port}", str(cafile))
+        yield SecureBroker(
+            f"127.0.0.1:{sasl_port}", f"127.0.0.1:{ssl_port}", str(cafile), broker.bootstrap
+        )
     finally:
         broker.run("stop", check=False)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _settings(broker: SecureBroker, protocol: str, mechanism: str, password: str) -> Settings:
+# -- ACLs ------------------------------------------------------------------------------------
+
+#: Kafka's codes (org.apache.kafka.common.acl and .resource).
+_RESOURCE = {"Topic": 2, "Group": 3, "Cluster": 4, "TransactionalId": 5}
+_PATTERN = {"literal": 3, "prefixed": 4}
+_OPERATION = {"Read": 3, "Write": 4, "Create": 5, "Describe": 8}
+_ALLOW = 3
+
+Acl = tuple[str, str, str, str]  # resource type, name, pattern, operation
+
+
+def worker_acls(names: Names) -> list[Acl]:
+    """What the worker's user is granted: the table in docs/kafka.md, Security."""
+    app = names.app_id
+    return [
+        ("Topic", names.raw, "literal", "Read"),
+        ("Topic", names.raw, "literal", "Create"),
+        *(("Topic", f"{app}-", "prefixed", op) for op in ("Read", "Write", "Create")),
+        *(
+            ("Topic", topic, "literal", op)
+            for topic in (names.decisions, names.merges, names.rejects)
+            for op in ("Write", "Create")
+        ),
+        ("Group", app, "literal", "Read"),
+        ("TransactionalId", f"{app}-", "prefixed", "Write"),
+    ]
+
+
+def grant(broker: SecureBroker, user: str, acls: list[Acl]) -> None:
+    """Allow ``user`` each of ``acls``, from any host (CreateAcls over the PLAINTEXT
+    listener: aiokafka's admin client has no ACL call, its protocol has the request)."""
+    from aiokafka.client import AIOKafkaClient
+    from aiokafka.protocol.admin import CreateAclsRequest
+
+    async def create() -> None:
+        client = AIOKafkaClient(bootstrap_servers=broker.plaintext)
+        await client.bootstrap()
+        try:
+            node = client.get_random_node()
+            for kind, name, pattern, op in acls:
+                request = CreateAclsRequest(
+                    _RESOURCE[kind], name, _PATTERN[pattern], f"User:{user}", "*",
+                    _OPERATION[op], _ALLOW,
+                )  # fmt: skip
+                response = await client.send(node, request)
+                assert [e for e, _ in response.creation_responses] == [0], response
+        finally:
+            await client.close()
+
+    asyncio.run(create())
+
+
+# -- the clients -----------------------------------------------------------------------------
+
+
+def _settings(
+    broker: SecureBroker, protocol: str, mechanism: str, password: str, user: str = USER
+) -> Settings:
     return Settings(
         brokers=broker.sasl_ssl if protocol == "SASL_SSL" else broker.sasl_plaintext,
         security_protocol=protocol,  # type: ignore[arg-type]
         sasl_mechanism=mechanism,  # type: ignore[arg-type]
-        sasl_username=USER,
+        sasl_username=user,
         sasl_password=password,  # type: ignore[arg-type]
         ssl_cafile=broker.cafile if protocol == "SASL_SSL" else None,
     )
@@ -165,8 +231,8 @@ def _env(settings: Settings) -> dict[str, str]:
 
 def _assert_no_secret(texts: dict[str, str]) -> None:
     for what, text in texts.items():
-        for secret in (PASSWORD, WRONG):
-            assert secret not in text, f"the SASL password is in {what}"
+        for secret in (PASSWORD, WRONG, CRAWLER_PASSWORD):
+            assert secret not in text, f"a SASL password is in {what}"
 
 
 def _produce(names: Names, env: dict[str, str], pages: Path) -> subprocess.CompletedProcess[str]:
@@ -181,6 +247,18 @@ def _produce(names: Names, env: dict[str, str], pages: Path) -> subprocess.Compl
     )
 
 
+def _worker(settings: Settings, names: Names, tmp_path: Path) -> WorkerProcess:
+    return WorkerProcess(
+        settings.brokers,
+        names,
+        2,
+        tmp_path / "state",
+        tmp_path / "worker.log",
+        env={**_env(settings), "NEARDUP_HTTP_HOST": "127.0.0.1"},
+        loglevel="debug",
+    )
+
+
 CASES = [
     ("SASL_PLAINTEXT", "PLAIN"),
     ("SASL_PLAINTEXT", "SCRAM-SHA-512"),
@@ -192,29 +270,23 @@ CASES = [
 def test_pages_in_decisions_out(
     secure_broker: SecureBroker, tmp_path: Path, protocol: str, mechanism: str
 ) -> None:
-    """The worker and the producer over a SASL listener decide the sample exactly as
-    ``neardup dedup`` does; the worker's whole DEBUG log, its endpoint's answers and the
-    producer's output never show the password; the endpoint listens where configured only."""
+    """The worker, granted the ACLs of docs/kafka.md and no others, and a crawler allowed
+    to write the raw topic only, over a SASL listener: the sample is decided exactly as
+    ``neardup dedup`` decides it; the worker's whole DEBUG log, its endpoint's answers and
+    the producer's output never show a password; the endpoint listens where configured."""
     settings = _settings(secure_broker, protocol, mechanism, PASSWORD)
-    env = _env(settings)
+    crawler = _settings(secure_broker, protocol, mechanism, CRAWLER_PASSWORD, CRAWLER)
     values = stream(seeds=())  # the bundled sample, in decision order
     pages = tmp_path / "pages.jsonl"
     pages.write_bytes(b"".join(v + b"\n" for v in values))
     ref = reference(values, tmp_path)
 
     names = Names()
-    worker = WorkerProcess(
-        settings.brokers,
-        names,
-        1,
-        tmp_path / "state",
-        tmp_path / "worker.log",
-        env={**env, "NEARDUP_HTTP_HOST": "127.0.0.1"},
-        loglevel="debug",
-    ).start()
-    collector = Collector(
-        settings.brokers, [names.decisions, names.merges, names.rejects], aiokafka_kwargs(settings)
-    )
+    grant(secure_broker, USER, worker_acls(names))
+    grant(secure_broker, CRAWLER, [("Topic", names.raw, "literal", "Write")])
+    worker = _worker(settings, names, tmp_path).start()
+    # a downstream reader of its own, on the super user's listener, read_committed
+    collector = Collector(secure_broker.plaintext, [names.decisions, names.merges, names.rejects])
     try:
 
         def ready() -> bool:
@@ -227,7 +299,7 @@ def test_pages_in_decisions_out(
         assert worker.proc is not None
         assert listening(worker.proc.pid) == {("127.0.0.1", worker.port)}
 
-        produced = _produce(names, env, pages)
+        produced = _produce(names, _env(crawler), pages)
         assert produced.returncode == 0, produced.stderr
         assert f"sent {len(values)} messages" in produced.stdout
 
@@ -241,6 +313,7 @@ def test_pages_in_decisions_out(
 
         wait_for(all_out, DEADLINE, "every page's decision or dead letter")
         decisions = {d["page_id"]: d for d in collector.get(names.decisions)}
+        assert len(collector.get(names.decisions)) == len(ref.decisions)  # exactly once
         assert {stable(d) for d in decisions.values()} == {stable(d) for d in ref.decisions}
         assert fold(decisions.values(), collector.get(names.merges)) == ref.clusters
         assert sorted(r["reason"] for r in collector.get(names.rejects)) == sorted(
@@ -248,7 +321,8 @@ def test_pages_in_decisions_out(
         )
         served = {path: worker.fetch(path) for path in ("/metrics", "/healthz", "/readyz")}
         assert all(status == 200 for status, _ in served.values()), served
-        assert f"neardup_pages_total {len(values)}.0" in served["/metrics"][1]
+        published = f'neardup_published_total{{topic="decisions"}} {len(ref.decisions)}.0'
+        assert published in served["/metrics"][1]
     finally:
         worker.stop()
         collector.close()
@@ -263,6 +337,42 @@ def test_pages_in_decisions_out(
     # the clients did authenticate with the mechanism asked for (aiokafka's DEBUG lines)
     assert f"SaslHandShakeRequest_v1(mechanism='{mechanism}')" in log
     assert "SaslAuthenticate (payload redacted)" in log
+    assert "AuthorizationFailed" not in log
+
+
+@pytest.mark.parametrize(
+    ("left_out", "said"),
+    [
+        ("TransactionalId", f"refuse user '{USER}' the transactional ids {{app}}-*: grant it "
+         "Write on TransactionalId prefix '{app}-'"),
+        ("Group", f"refuse user '{USER}' the consumer group '{{app}}': grant it Read on Group "
+         "'{app}'"),
+        ("Create", "Grant the worker's user Create on them"),
+    ],
+    ids=["transactional-id", "group", "create"],
+)  # fmt: skip
+def test_a_missing_acl_stops_the_worker_in_one_line(
+    secure_broker: SecureBroker, tmp_path: Path, left_out: str, said: str
+) -> None:
+    """Granted everything but its transactional ids, its group, or the creation of its
+    topics, the worker would fail every task, every fetch, or wait for topics that never
+    come; it stops at start instead, status 1, in one line naming the ACL to grant, and no
+    traceback."""
+    settings = _settings(secure_broker, "SASL_PLAINTEXT", "SCRAM-SHA-512", PASSWORD)
+    names = Names()
+    grant(secure_broker, USER, [a for a in worker_acls(names) if left_out not in (a[0], a[3])])
+    worker = _worker(settings, names, tmp_path).start()
+    try:
+        wait_for(lambda: not worker.alive(), 60, "the worker to give up")
+    finally:
+        worker.stop()
+    assert worker.proc is not None and worker.proc.returncode == 1
+    log = worker.log.read_text(errors="replace")
+    lines = [line for line in log.splitlines() if said.format(app=names.app_id) in line]
+    assert len(lines) == 1, log[-3000:]
+    assert lines[0].startswith("neardup worker: the brokers refuse"), lines[0]
+    assert "Traceback" not in log and "did not open" not in log, log[-3000:]
+    _assert_no_secret({"the worker's log": log})
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-512"])
@@ -315,7 +425,6 @@ def test_errors_and_objects_never_show_the_password(secure_broker: SecureBroker)
         settings = _settings(secure_broker, "SASL_SSL", "PLAIN", password)
         texts[f"repr(settings) {password}"] = repr(settings) + str(settings)
         texts[f"settings as JSON {password}"] = settings.model_dump_json()
-        texts[f"credentials {password}"] = repr(faust_credentials(settings))
         texts[f"describe {password}"] = describe(settings)
     wrong = _settings(secure_broker, "SASL_SSL", "PLAIN", WRONG)
     problem = asyncio.run(connection_problem(wrong))

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from neardup.config import EngineConfig
 from neardup.fingerprint import Fingerprints
+from neardup.flow import codec
 from neardup.flow import messages as m
 from neardup.flow.buckets import BucketsTask, index_part, probe_buckets
 from neardup.index import ENTRY, KVIndex, make_entry
@@ -31,7 +32,7 @@ def probe(order: int, page_id: str, pid: int, keys: tuple[bytes, ...], part: int
 
 
 def answers(out: list[m.Out]) -> list[m.Answer]:
-    msgs = [m.decode(o.value) for o in out]
+    msgs = [codec.decode(o.value) for o in out]
     assert all(isinstance(x, m.Answer) for x in msgs)
     return msgs  # type: ignore[return-value]
 
@@ -48,12 +49,12 @@ def test_probes_go_in_key_order_and_each_answers_the_pages_before_it() -> None:
     task = BucketsTask(kv, CFG, 0, 2)
     keys = (b"P\x00same",)
     arrivals = [probe(30, "c", 3, keys, 1), probe(10, "a", 1, keys, 0), probe(20, "b", 2, keys)]
-    out = [o for p in arrivals for o in task.step(m.encode(p))]
-    out += task.step(m.encode(m.Mark(0, (40, ""), None)))
+    out = [o for p in arrivals for o in task.step(codec.encode(p))]
+    out += task.step(codec.encode(m.Mark(0, (40, ""), None)))
     assert out == []  # hosts task 1 promised nothing yet
-    out = task.step(m.encode(m.Mark(1, (20, "b"), None)))
+    out = task.step(codec.encode(m.Mark(1, (20, "b"), None)))
     assert [a.key for a in answers(out)] == [(10, "a")]
-    out = task.step(m.encode(m.Mark(1, (31, ""), None)))
+    out = task.step(codec.encode(m.Mark(1, (31, ""), None)))
     got = answers(out)
     assert [a.key for a in got] == [(20, "b"), (30, "c")]
     assert got[0].values == (entry(1, 10),)
@@ -68,18 +69,18 @@ def test_ties_go_by_page_id_and_state_survives_a_restart() -> None:
     task = BucketsTask(kv, CFG, 0, 1)
     keys = (b"C\x00tie",)
     for page_id, pid in (("q", 2), ("p", 1)):
-        task.step(m.encode(probe(50, page_id, pid, keys)))
+        task.step(codec.encode(probe(50, page_id, pid, keys)))
     task = BucketsTask(kv, CFG, 0, 1)  # a restart: the probes wait in the store
-    got = answers(task.step(m.encode(m.Mark(0, (51, ""), None))))
+    got = answers(task.step(codec.encode(m.Mark(0, (51, ""), None))))
     assert [(a.key, a.values) for a in got] == [((50, "p"), (None,)), ((50, "q"), (entry(1, 50),))]
 
 
 def test_a_late_probe_is_answered_at_once_from_the_buckets_as_they_are() -> None:
     task = BucketsTask(MemoryKV(), CFG, 0, 1)
     keys = (b"S\x01x",)
-    task.step(m.encode(probe(20, "b", 2, keys)))
-    task.step(m.encode(m.Mark(0, (21, ""), None)))
-    [late] = answers(task.step(m.encode(probe(10, "a", 1, keys))))
+    task.step(codec.encode(probe(20, "b", 2, keys)))
+    task.step(codec.encode(m.Mark(0, (21, ""), None)))
+    [late] = answers(task.step(codec.encode(probe(10, "a", 1, keys))))
     assert late.values == (entry(2, 20),) and task.counts["late"] == 1
 
 
@@ -108,7 +109,7 @@ def test_the_parts_are_those_of_the_index_keys() -> None:
 def test_other_messages_do_not_belong_on_a_probes_partition() -> None:
     task = BucketsTask(MemoryKV(), CFG, 0, 1)
     with pytest.raises(m.WireError, match="Answer"):
-        task.step(m.encode(m.Answer((1, "x"), 1, (), ())))
+        task.step(codec.encode(m.Answer((1, "x"), 1, (), ())))
 
 
 @settings(max_examples=200, deadline=None)
@@ -153,9 +154,9 @@ def test_a_probe_reads_and_writes_the_buckets_as_the_index_does(
 def test_a_watermark_wait_lets_probes_go_on_the_last_marks() -> None:
     now = [100.0]
     task = BucketsTask(MemoryKV(), CFG, 0, 2, wait=30.0, clock=lambda: now[0])
-    task.step(m.encode(m.Mark(0, (5, ""), 90.0)))  # drained before the probe came
-    task.step(m.encode(m.Mark(1, (99, ""), None)))
-    assert task.step(m.encode(probe(50, "a", 1, (b"P\x00w",))), arrived=100.0) == []
+    task.step(codec.encode(m.Mark(0, (5, ""), 90.0)))  # drained before the probe came
+    task.step(codec.encode(m.Mark(1, (99, ""), None)))
+    assert task.step(codec.encode(probe(50, "a", 1, (b"P\x00w",))), arrived=100.0) == []
     assert task.tick() == []
     now[0] = 130.0
     assert [a.key for a in answers(task.tick())] == [(50, "a")]

@@ -16,6 +16,7 @@ from neardup.config import EngineConfig
 from neardup.contract import parse_raw
 from neardup.engine import Engine
 from neardup.flow.buckets import probe_buckets
+from neardup.flow.codec import decode, encode
 from neardup.flow.decide import DECISIONS, MERGES, DecideTask
 from neardup.flow.hosts import bucket_keys, page_record
 from neardup.flow.messages import (
@@ -33,8 +34,6 @@ from neardup.flow.messages import (
     ToDecide,
     Verdict,
     WireError,
-    decode,
-    encode,
     partition_of_pid,
 )
 from neardup.index import KVIndex, make_entry

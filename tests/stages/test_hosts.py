@@ -17,6 +17,7 @@ import pytest
 from neardup.analysis import Analysed, analyse, for_decision
 from neardup.config import EngineConfig
 from neardup.engine import Engine
+from neardup.flow import codec
 from neardup.flow import messages as m
 from neardup.flow.buckets import PREFIX as BUCKETS_PREFIX
 from neardup.flow.buckets import BucketsTask
@@ -100,12 +101,12 @@ def key(a: Analysed) -> m.Key:
 def run(task: HostsTask | BucketsTask, msgs: Sequence[m.Msg | bytes]) -> list[m.Out]:
     out: list[m.Out] = []
     for msg in msgs:
-        out += task.step(msg if isinstance(msg, bytes) else m.encode(msg))
+        out += task.step(msg if isinstance(msg, bytes) else codec.encode(msg))
     return out
 
 
 def sent(out: Sequence[m.Out], kind: type[Any]) -> list[tuple[int | None, Any]]:
-    msgs = [(o.partition, m.decode(o.value)) for o in out]
+    msgs = [(o.partition, codec.decode(o.value)) for o in out]
     return [(p, x) for p, x in msgs if isinstance(x, kind)]
 
 
@@ -136,17 +137,17 @@ def test_a_drained_mark_is_sent_again_with_its_new_time(pages: list[Analysed]) -
     hosts = HostsTask(MemoryKV(), CFG, 0, 1, clock=lambda: now[0])
     # its analyse task has not said it is drained: nothing upstream is vouched for
     assert [x.drained_at for _, x in sent(hosts.tick(drained=True), m.Mark)] == [None, None]
-    hosts.step(m.encode(m.Mark(0, None, 20.0)))
+    hosts.step(codec.encode(m.Mark(0, None, 20.0)))
     assert [x.drained_at for _, x in sent(hosts.tick(drained=True), m.Mark)] == [10.0, 10.0]
     now[0] = 11.0
     assert [x.drained_at for _, x in sent(hosts.tick(drained=True), m.Mark)] == [11.0, 11.0]
     # the time as of which the runtime saw the task caught up: before it read the end
     assert [x.drained_at for _, x in sent(hosts.tick(True, as_of=10.5), m.Mark)] == [10.5] * 2
     # no later than its source's drained mark: a page written upstream since may be coming
-    hosts.step(m.encode(m.Mark(0, None, 10.2)))
+    hosts.step(codec.encode(m.Mark(0, None, 10.2)))
     assert [x.drained_at for _, x in sent(hosts.tick(drained=True), m.Mark)] == [10.2, 10.2]
     a = pages[0]
-    hosts.step(m.encode(m.PageIn(key(a), a)), arrived=11.0)  # held: came after the last mark
+    hosts.step(codec.encode(m.PageIn(key(a), a)), arrived=11.0)  # held: came after the last mark
     assert [x.drained_at for _, x in sent(hosts.tick(drained=True), m.Mark)] == [None, None]
 
 
@@ -204,7 +205,7 @@ def test_a_late_page_goes_on_at_once_and_is_counted(pages: list[Analysed]) -> No
 def test_other_messages_do_not_belong_on_a_hosts_partition() -> None:
     hosts = HostsTask(MemoryKV(), CFG, 0, 1)
     with pytest.raises(m.WireError, match="Probe"):
-        hosts.step(m.encode(m.Probe((1, "x"), 1, 0, (), b"")))
+        hosts.step(codec.encode(m.Probe((1, "x"), 1, 0, (), b"")))
     with pytest.raises(m.WireError):
         hosts.step(b"\x01")
 
@@ -279,12 +280,12 @@ def test_hosts_and_buckets_count_and_index_as_the_engine_does(
     for i in range(n):
         for a in (a for a, s in zip(pages, source, strict=True) if s == i):
             h = m.partition_of_host(a.host, n)
-            to_hosts[h][i].append(m.encode(m.PageIn(key(a), a)))
-            mark = m.encode(m.Mark(i, (a.order, ""), None))
+            to_hosts[h][i].append(codec.encode(m.PageIn(key(a), a)))
+            mark = codec.encode(m.Mark(i, (a.order, ""), None))
             for logs in to_hosts:
                 logs[i].append(mark)
         for logs in to_hosts:
-            logs[i].append(m.encode(m.Mark(i, None, math.inf)))
+            logs[i].append(codec.encode(m.Mark(i, None, math.inf)))
 
     stores = [MemoryKV() for _ in range(n)]
     to_probes: list[list[list[bytes]]] = [[[] for _ in range(n)] for _ in range(n)]
@@ -294,7 +295,7 @@ def test_hosts_and_buckets_count_and_index_as_the_engine_does(
             lambda kv, h=h: HostsTask(kv, CFG, h, n), _merge(to_hosts[h], rng), rng, stores[h]
         )
         for o in out:
-            msg = m.decode(o.value)
+            msg = codec.decode(o.value)
             if o.topic == m.PROBES:
                 assert o.partition is not None
                 to_probes[o.partition][h].append(o.value)
@@ -309,7 +310,7 @@ def test_hosts_and_buckets_count_and_index_as_the_engine_does(
             lambda kv, b=b: BucketsTask(kv, CFG, b, n), _merge(to_probes[b], rng), rng, buckets[b]
         )
         for o in out:
-            msg = m.decode(o.value)
+            msg = codec.decode(o.value)
             assert isinstance(msg, m.Answer)
             assert o.partition == m.partition_of_pid(msg.pid, n)
             answers[msg.key].update(zip(msg.keys, msg.values, strict=True))

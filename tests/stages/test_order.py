@@ -16,6 +16,7 @@ from neardup.config import EngineConfig
 from neardup.contract import parse_raw
 from neardup.decide import Kind, Match
 from neardup.engine import Engine, Outcome, page_pid
+from neardup.flow.codec import decode, encode
 from neardup.flow.messages import (
     Edge,
     EdgeMatch,
@@ -23,8 +24,6 @@ from neardup.flow.messages import (
     Mark,
     Verdict,
     WireError,
-    decode,
-    encode,
     partition_of_pid,
 )
 from neardup.flow.order import OrderStep, OrderTask
@@ -321,7 +320,7 @@ def test_the_step_prunes_under_retention_once_the_stream_has_moved_on_a_day() ->
     assert step.task is not None and step.task.clusters.node(page_pid("a")) is not None
     step.on_records([Rec(encode(edge(3 * day, "z", (3 * day - 1, "x")))),
                      Rec(encode(Mark(0, END, None)))], store, out)  # fmt: skip
-    assert len(out.records) == 2
+    assert sum(isinstance(decode(r[2] or b""), Verdict) for r in out.records) == 2
     assert [step.task.clusters.node(page_pid(p)) is None for p in "abxz"] == [
         True, True, False, False,
     ]  # fmt: skip

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from neardup.kafka.http import make_app, serve
-from neardup.kafka.metrics import state_size
 
 
 def test_health_readiness_metrics_and_nothing_else() -> None:
@@ -113,34 +109,3 @@ def test_binds_the_configured_address_only_and_refuses_odd_requests(
             await runner.cleanup()
 
     asyncio.run(go())
-
-
-class _DB:
-    def __init__(self, keys: int | None) -> None:
-        self.keys = keys
-
-    def property_int_value(self, name: str) -> int:
-        assert name == "rocksdb.estimate-num-keys"
-        if self.keys is None:
-            raise RuntimeError("closed")
-        return self.keys
-
-
-def _worker(tabledir: Path, **tables: list[_DB]) -> Any:
-    def table(dbs: list[_DB]) -> Any:
-        return SimpleNamespace(data=SimpleNamespace(_dbs=dict(enumerate(dbs))))
-
-    app = SimpleNamespace(conf=SimpleNamespace(tabledir=tabledir))
-    return SimpleNamespace(app=app, **{f"{k}_table": table(v) for k, v in tables.items()})
-
-
-def test_state_keys_count_every_tables_databases_or_none_at_all(tmp_path: Path) -> None:
-    (tmp_path / "t").mkdir()
-    (tmp_path / "t" / "000001.sst").write_bytes(b"x" * 100)
-    dbs = {"state": [_DB(5)], "buckets": [_DB(7), _DB(11)], "sketches": [_DB(13)]}
-    assert state_size(_worker(tmp_path, **dbs)) == (36, 100)
-    # a database that cannot say makes the count unknown, not the sum of the others
-    dbs["buckets"][1] = _DB(None)
-    assert state_size(_worker(tmp_path, **dbs)) == (None, 100)
-    # the sequential topology has the state table only
-    assert state_size(_worker(tmp_path, state=[_DB(5)])) == (5, 100)

@@ -1,10 +1,9 @@
-"""What a new user of the worker meets first: its own help, the broker variable (named in
-the error, exported by ``scripts/kafka-local.sh env``), and mode's timer warnings
-explained."""
+"""What a new user of the worker meets first: its own help and options, the broker
+variable (named in the error, exported by ``scripts/kafka-local.sh env``), and a fatal
+error said in one line."""
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import subprocess
@@ -13,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from neardup.kafka import timerlog
-from neardup.kafka.__main__ import broker_errors, brokers_hint, command_of, main
+from neardup.kafka.__main__ import broker_errors, brokers_hint, fatal_message, main
 from neardup.kafka.usage import MAIN_SETTINGS
 from neardup.settings import Settings
 
@@ -35,9 +33,7 @@ def test_the_help_is_the_workers_own_with_the_defaults_it_uses(
         shown = rf"^  NEARDUP_{name.upper()}={re.escape(str(default))}(  \(set here: .*\))?$"
         assert re.search(shown, out, re.MULTILINE), name
     assert "(set here: not a number)" in out and "docs/settings.md" in out
-    # Faust's defaults the worker overrides are not shown
-    for faust_default in ("{conf.name}-data", "[default: aio]", "[default: WARN]", "6066"):
-        assert faust_default not in out
+    assert "NEARDUP_TOPOLOGY" not in out  # one topology: nothing to choose
 
 
 def test_no_command_is_a_usage_error_with_the_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -46,17 +42,78 @@ def test_no_command_is_a_usage_error_with_the_help(capsys: pytest.CaptureFixture
 
 
 @pytest.mark.parametrize(
-    ("argv", "command"),
+    ("argv", "said"),
     [
-        (["worker"], "worker"),
-        (["--loop", "aio", "worker", "-l", "info"], "worker"),
-        (["-l", "debug", "--json", "tables"], "tables"),
-        (["--loglevel=info", "worker"], "worker"),
-        (["--version"], None),
+        (["tables"], "no command 'tables': the one command is worker"),
+        (["worker", "--loop", "aio"], "unrecognized arguments: --loop aio"),
+        (["worker", "-l", "loud"], "argument -l/--loglevel: invalid choice: 'loud'"),
+        (["worker", "extra"], "unrecognized arguments: extra"),
     ],
 )
-def test_the_command_is_found_behind_faust_options(argv: list[str], command: str | None) -> None:
-    assert command_of(argv) == command
+def test_a_command_line_the_worker_does_not_take_is_a_usage_error(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m neardup.kafka worker") and said in err
+    assert "Traceback" not in err
+
+
+def test_the_version_is_neardups(capsys: pytest.CaptureFixture[str]) -> None:
+    from neardup import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"neardup {__version__}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env_level", "level"),
+    [
+        (["worker"], "ERROR", "ERROR"),
+        (["worker", "-l", "debug"], "ERROR", "DEBUG"),  # the command line wins
+        (["-l", "warn", "worker"], "DEBUG", "WARNING"),
+        (["worker", "--loglevel=CRIT"], "INFO", "CRITICAL"),
+    ],
+)
+def test_the_worker_logs_at_the_level_asked_for(
+    argv: list[str], env_level: str, level: str, tmp_path: Path
+) -> None:
+    """In a process of its own: ``logging.basicConfig`` sets the level only where no
+    handler is installed yet, as in the worker, not under pytest."""
+    script = (
+        "import logging, sys\n"
+        "from neardup.kafka import __main__ as entry\n"
+        "entry.run_worker = lambda settings: print(logging.getLevelName("
+        "logging.getLogger().level)) or 0\n"
+        f"sys.exit(entry.main({argv!r}))\n"
+    )
+    env = {**os.environ, "NEARDUP_LOG_LEVEL": env_level, "NEARDUP_STATE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False,
+        env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == level
+
+
+def test_a_log_file_that_cannot_be_written_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from neardup.kafka import __main__ as entry
+
+    monkeypatch.setattr(entry, "run_worker", lambda settings: pytest.fail("started"))
+    assert main(["worker", "-f", str(tmp_path / "no" / "such" / "dir" / "log")]) == 2
+    assert "cannot write the log file" in capsys.readouterr().err
+
+
+def test_a_fatal_error_is_one_line_that_says_what_to_do() -> None:
+    locked = OSError("IO error: lock /s/part-0/LOCK: Resource temporarily unavailable")
+    line = fatal_message(locked, "/s")
+    assert "\n" not in line and "locked by another process" in line
+    assert "NEARDUP_STATE_DIR" in line
+    other = fatal_message(RuntimeError("disk on fire"), "/s")
+    assert other.startswith("fatal: the worker stopped on RuntimeError: disk on fire")
+    assert "read again at the next start" in other
 
 
 def test_a_connection_error_names_the_variable_read_and_its_value(
@@ -101,25 +158,3 @@ def test_the_scripts_env_sets_the_brokers_the_worker_reads(tmp_path: Path) -> No
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "127.0.0.1:29711"
-
-
-def test_the_first_timer_overlap_is_explained_once(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """mode's own timer, its run made longer than its interval with a clock of the test's."""
-    from mode.timers import Timer
-
-    monkeypatch.setattr(logging.getLogger(timerlog.TIMER_LOGGER), "filters", [])
-    timerlog.explain_overlaps()
-    timerlog.explain_overlaps()  # twice: still one filter
-    now = [0.0]
-    timer = Timer(1.0, name="commit", clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, timerlog.TIMER_LOGGER):
-        for _ in range(3):
-            now[0] += timer.tick()  # asleep
-            timer.on_before_yield()  # woke up: the run starts
-            now[0] += 2.5  # a run of 2.5 s against an interval of 1 s
-    said = [r.getMessage() for r in caplog.records if "overlapping" in r.getMessage()]
-    assert len(said) == 2 and timer.overlaps == 2
-    assert said[0].startswith("Timer commit is overlapping") and "nothing is lost" in said[0]
-    assert timerlog.EXPLANATION not in said[1]

@@ -1,0 +1,108 @@
+"""What each task of a partitioned worker holds now, read from its step object: for each
+watermark, what it holds back and why. ``/metrics`` (``neardup.kafka.endpoint``) sums it;
+``SIGUSR1`` logs it (``log_tasks``), for an operator whose partition has stalled."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from neardup.flow.messages import Key
+from neardup.flow.watermark import Watermark
+from neardup.kafka.tasks import PartStep
+from neardup.kafka.topology import ORDER_TASK, PART
+
+log = logging.getLogger("neardup.kafka")
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One watermark of one task."""
+
+    task: str
+    #: The task's kind (``part``, ``order``) and the stage the watermark is in front of.
+    kind: str
+    stage: str
+    #: Items held behind it.
+    held: int
+    w: Key | None
+    released: Key | None
+    #: The greatest key held, and the least (the next to go).
+    newest: Key | None
+    oldest: Key | None
+    #: Each source's latest frontier; the sources that hold the next item back.
+    fronts: dict[int, Key | None]
+    blocking: list[int]
+    #: Seconds the next item has held the partition back.
+    waiting_s: float
+
+    @property
+    def lag_s(self) -> float:
+        """How far the watermark is behind the newest key held, in seconds of fetch time
+        (0: nothing held; behind the greatest key released when no source has promised
+        anything yet)."""
+        below = self.w or self.released
+        if self.newest is None or below is None:
+            return 0.0
+        return max(0.0, (self.newest[0] - below[0]) / 1000)
+
+
+def _held(task: str, kind: str, stage: str, w: Watermark) -> Held:
+    return Held(task, kind, stage, len(w), w.w, w.released, w.newest(), w.oldest(),
+                w.fronts(), w.blocking(), w.waiting())  # fmt: skip
+
+
+def watermarks(tasks: dict[str, Any]) -> Iterator[Held]:
+    """The watermarks of the runtime's tasks (``Runtime.tasks``: name to runner)."""
+    for name, runner in sorted(tasks.items()):
+        step, kind = runner.step, runner.task.group
+        if kind == PART and isinstance(step, PartStep) and step.stages is not None:
+            hosts, buckets, decide = step.stages
+            yield _held(name, kind, "hosts", hosts.watermark)
+            yield _held(name, kind, "buckets", buckets.watermark)
+            yield _held(name, kind, "decide", decide.watermark)
+        elif kind == ORDER_TASK and getattr(step, "task", None) is not None:
+            yield _held(name, kind, "order", step.task.edges)
+
+
+def pending_pages(tasks: dict[str, Any]) -> int:
+    """Pages the decide tasks hold past their watermark: waiting for answers, records or
+    a verdict."""
+    n = 0
+    for runner in tasks.values():
+        step = runner.step
+        if isinstance(step, PartStep) and step.stages is not None:
+            n += len(step.stages[2].pages)
+    return n
+
+
+def log_tasks(rt: Any) -> None:
+    """Where the runtime ``rt`` is: its tasks, then a line a watermark, what it holds and
+    what holds it."""
+    views = list(watermarks(rt.tasks))
+    log.info(
+        "SIGUSR1: where the worker is: %d tasks open %s; paused after a failure: %s; "
+        "dealt but not open: %s",
+        len(rt.tasks),
+        sorted(rt.tasks),
+        sorted(rt.paused) or "none",
+        sorted(rt.waiting) or "none",
+    )
+    for v in views:
+        log.info(
+            "task state: %s %s: %d held (oldest %s, newest %s, %.1f s behind); W %s, "
+            "released %s; sources' frontiers %s; held back by %s for %.1f s",
+            v.task,
+            v.stage,
+            v.held,
+            v.oldest,
+            v.newest,
+            v.lag_s,
+            v.w,
+            v.released,
+            v.fronts,
+            v.blocking or "nothing",
+            v.waiting_s,
+        )
