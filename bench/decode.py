@@ -23,8 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from neardup.charset import codec_for, header_charset  # noqa: E402
 from neardup.contract import parse_raw  # noqa: E402
-from neardup.decode import LAYERS, codec_for, decode, header_charset  # noqa: E402
+from neardup.decode import LAYERS, decode  # noqa: E402
 from neardup.records import Decoded, RawPage, Rejected  # noqa: E402
 
 DATASETS = ("neardup-dev/pages.jsonl.gz", "extraction-dev/pages.jsonl.gz")

@@ -22,8 +22,8 @@ from neardup.config import EngineConfig
 from neardup.decide import Candidate
 from neardup.engine import Engine
 from neardup.facts import compare, split_facts
-from neardup.fingerprint import resemblance
 from neardup.index import Lookup
+from neardup.sketch import resemblance
 from neardup.steps import PageMatches
 
 

@@ -34,8 +34,8 @@ from neardup.decode import decode
 from neardup.engine import Engine
 from neardup.evaluate import Report, score
 from neardup.extract import extract
-from neardup.fingerprint import simhash
 from neardup.records import Rejected
+from neardup.simhash import simhash
 from neardup.store import MemoryKV
 
 

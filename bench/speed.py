@@ -52,8 +52,8 @@ from neardup.contract import parse_raw
 from neardup.decode import decode
 from neardup.engine import STAGES, Engine
 from neardup.extract import extract
-from neardup.fingerprint import simhash
 from neardup.records import Rejected
+from neardup.simhash import simhash
 from neardup.store import RocksKV, open_state
 from tests.integration.helpers import tree_cpu
 

@@ -21,9 +21,10 @@ from urllib.parse import urlsplit
 from neardup.config import EngineConfig
 from neardup.decode import decode
 from neardup.extract import extract
-from neardup.fingerprint import Fingerprints, fingerprint, hash64, period_hashes
+from neardup.fingerprint import Fingerprints, fingerprint, period_hashes
 from neardup.normalise import normalise_many
 from neardup.records import Extracted, RawPage, Reason, Rejected
+from neardup.simhash import hash64
 
 log = logging.getLogger(__name__)
 

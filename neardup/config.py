@@ -78,9 +78,11 @@ class EngineConfig:
     #: of the two pages' numbers, do not match under resemblance ``jaccard_sure`` (the
     #: same stock sentences with other dates and counts). Pages sharing at least
     #: ``facts_agree`` numbers, with at most one, and under half as many, only in either
-    #: (a slipped digit), are duplicates from resemblance ``jaccard_facts`` on; when the
-    #: smaller has at most one number the other lacks, it is contained from containment
-    #: ``containment_facts`` on (an excerpt lightly edited).
+    #: (a slipped digit), or with half as many or fewer only in the two together (a text
+    #: rich in numbers, an edit slipping one here and there), are duplicates from
+    #: resemblance ``jaccard_facts`` on; when the smaller, a clear part of the other, has
+    #: under half as many numbers the other lacks as they share, it is contained from
+    #: containment ``containment_facts`` on (an excerpt lightly edited).
     facts_differ: int = 2
     facts_differ_share: float = 0.7
     jaccard_sure: float = 0.85

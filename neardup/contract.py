@@ -278,7 +278,7 @@ def _url_from_broken_line(text: str) -> str | None:
             if not isinstance(url, str) or not url:
                 return None
             # "\ud800" is a JSON escape but no character: it would make the dead letter
-            # unwritable as UTF-8 (found by fuzzing, tests/regressions/parse_raw)
+            # unwritable as UTF-8 (a case kept in tests/regressions/parse_raw)
             return _LONE_SURROGATE.sub("\ufffd", url)
     return None
 

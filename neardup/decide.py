@@ -8,9 +8,10 @@ enough to keep their whole sets (``exact_shingles``):
 
 * duplicate: resemblance J >= jaccard_min, or J >= jaccard_simhash for a SimHash candidate;
 * otherwise, when the smaller page's 5-grams are >= containment_min inside the other,
-  and CCS >= ccs_contain (unless a page has no period string, when CCS says nothing):
-  contained (this page is the smaller), contains (the earlier page is), or duplicate
-  when the two are of similar size.
+  and CCS >= ccs_contain (unless a page has no period string, when CCS says nothing;
+  or when the page's numbers are in the other: ``neardup.facts``): contained (this page
+  is the smaller), contains (the earlier page is), or duplicate when the two are of
+  similar size.
 
 The verification is what keeps formulaic texts apart (different events told in the same
 stock phrases share most sentence endings, so CCS alone merges them).
@@ -26,8 +27,9 @@ from enum import StrEnum
 
 from neardup.config import EngineConfig
 from neardup.facts import Agreement, compare, split_facts
-from neardup.fingerprint import Fingerprints, resemblance
+from neardup.fingerprint import Fingerprints
 from neardup.index import Lookup
+from neardup.sketch import resemblance
 
 
 class Kind(StrEnum):
@@ -119,28 +121,43 @@ def matches(
         cut = cfg.jaccard_simhash if by_simhash else cfg.jaccard_min
         if jac >= cut or (jac >= cfg.jaccard_facts and facts.agree(cfg.facts_agree)):
             out.append(Match(pid, Kind.DUPLICATE, d1, jac, order, by_simhash, share))
-        elif _contained(cont, cand, facts, fps.shingles <= n_other, cfg):
+        else:
             if fps.shingles <= cfg.contain_ratio * n_other:
                 kind = Kind.CONTAINED
             elif n_other <= cfg.contain_ratio * fps.shingles:
                 kind = Kind.CONTAINS
             else:
                 kind = Kind.DUPLICATE
-            out.append(Match(pid, kind, d1, cont, order, by_simhash, share))
+            part = kind is not Kind.DUPLICATE
+            if _contained(
+                cont, cand, facts, cfg, smaller_is_mine=fps.shingles <= n_other, part=part
+            ):
+                out.append(Match(pid, kind, d1, cont, order, by_simhash, share))
     return sorted(out, key=Match.sort_key)
 
 
 def _contained(
-    cont: float, cand: Candidate, facts: Agreement, smaller_is_mine: bool, cfg: EngineConfig
+    cont: float,
+    cand: Candidate,
+    facts: Agreement,
+    cfg: EngineConfig,
+    *,
+    smaller_is_mine: bool,
+    part: bool,
 ) -> bool:
     """Whether the smaller page is inside the other: by its 5-grams, with its period strings
-    in the other but for ``ccs_slack`` of them; or a little less by its 5-grams, with all
-    the strings asked, when its numbers are in the other (an excerpt lightly edited). A
-    page without period strings is judged on its 5-grams alone."""
+    in the other but for ``ccs_slack`` of them, or with its numbers in the other instead;
+    or a little less by its 5-grams, with all the strings asked, when its numbers are in
+    the other (an excerpt lightly edited; ``Agreement.agree``: ``part`` unless the two are
+    of a size). A page without period strings is judged on its 5-grams alone."""
     if cont >= cfg.containment_min:
-        return not cand.strings or cand.ccs + cfg.ccs_slack / cand.strings >= cfg.ccs_contain
+        if not cand.strings or cand.ccs + cfg.ccs_slack / cand.strings >= cfg.ccs_contain:
+            return True
+        # An edit near a sentence end changes its period string; the page's numbers,
+        # found in the other page, vouch for it instead.
+        return facts.agree(cfg.facts_agree, smaller_is_mine, part=part)
     return (
         cont >= cfg.containment_facts
         and (cand.ccs >= cfg.ccs_contain or not cand.strings)
-        and facts.agree(cfg.facts_agree, smaller_is_mine)
+        and facts.agree(cfg.facts_agree, smaller_is_mine, part=part)
     )

@@ -94,16 +94,27 @@ class Agreement:
         every = only + self.shared
         return min(self.only_mine, self.only_theirs) >= least and only >= share * every
 
-    def agree(self, least: int, smaller_is_mine: bool | None = None) -> bool:
+    def agree(self, least: int, smaller_is_mine: bool | None = None, *, part: bool = False) -> bool:
         """Whether the facts bear the pages out: at least ``least`` numbers in both, and
-        at most one (a slipped digit), and under half as many as they share, only in the
-        page that should hold none the other lacks: the smaller, for containment, or
-        either, for resemblance (None)."""
-        if smaller_is_mine is None:
-            lone = max(self.only_mine, self.only_theirs)
-        else:
+        few only in one page.
+
+        For resemblance (``smaller_is_mine`` None): either page has at most one number
+        the other lacks (a slipped digit), under half as many as they share; or, in a
+        text rich in numbers, where an edit slips one here and there, the two pages' lone
+        numbers together are at most half as many as they share. For containment, the
+        smaller page's lone numbers: when it is a clear ``part`` of the other (an
+        excerpt), under half as many as the shared ones; when the two are of a size, at
+        most one and under half as many, or few in both pages as for resemblance."""
+        if self.shared < least:
+            return False
+        if smaller_is_mine is not None:
             lone = self.only_mine if smaller_is_mine else self.only_theirs
-        return self.shared >= least and lone <= 1 and 2 * lone < self.shared
+            if part:
+                return 2 * lone < self.shared
+            return (lone <= 1 and 2 * lone < self.shared) or self.agree(least)
+        lone = max(self.only_mine, self.only_theirs)
+        slipped = lone <= 1 and 2 * lone < self.shared
+        return slipped or 2 * (self.only_mine + self.only_theirs) <= self.shared
 
 
 def compare(mine: bytes, theirs: bytes) -> Agreement:

@@ -21,7 +21,7 @@ import struct
 from collections.abc import Sequence
 
 from neardup.config import EngineConfig
-from neardup.fingerprint import hash64
+from neardup.simhash import hash64
 from neardup.store import BufferedKV
 
 _COUNT = struct.Struct("<I")

@@ -12,7 +12,7 @@ _CACHE: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Point the engine's cache (``fingerprint.cache_dir``) at a directory of this session,
+    """Point the engine's cache (``tables.cache_dir``) at a directory of this session,
     and fill it before any sandbox zygote or worker process starts, so that:
 
     * the tests neither read nor write the user's ``~/.cache/neardup``;
@@ -24,7 +24,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if "NEARDUP_CACHE_DIR" not in os.environ:
         _CACHE.append(tempfile.mkdtemp(prefix="neardup-test-cache-"))
         os.environ["NEARDUP_CACHE_DIR"] = _CACHE[0]
-    from neardup.fingerprint import _lexicon
+    from neardup.tables import _lexicon
 
     _lexicon()
 

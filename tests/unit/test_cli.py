@@ -179,7 +179,7 @@ def test_a_missing_input_is_a_usage_error_that_leaves_the_output_alone(
 def test_a_reject_from_a_file_whose_name_is_not_utf8_is_written(tmp_path: Path) -> None:
     import os
 
-    # found by a review of hostile input: the first reject raised UnicodeEncodeError
+    # the detail names the file, whose name is not UTF-8: it must still encode
     name = Path(os.fsdecode(bytes(tmp_path) + b"/pages\xff.jsonl"))
     name.write_bytes(b'{"broken\n' + SAMPLE.read_bytes().splitlines(keepends=True)[0])
     out, rj = tmp_path / "d.jsonl", tmp_path / "r.jsonl"
@@ -203,8 +203,8 @@ def test_pages_from_a_pipe_are_all_read(tmp_path: Path) -> None:
     import os
     import threading
 
-    # `neardup dedup <(cat pages.jsonl)`: found by a review of hostile input, it gave exit
-    # 0 with no decision and no reject (the pipe was read empty telling its format)
+    # `neardup dedup <(cat pages.jsonl)`: a pipe gives its bytes once, so the bytes read to
+    # tell its format must be kept for the pages, or there are none left to decide
     read_end, write_end = os.pipe()
 
     def write() -> None:

@@ -65,7 +65,8 @@ class Counted:
 def test_a_resumed_run_skips_decided_pages_before_reading_their_bodies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from neardup import engine, sources
+    from neardup import engine
+    from neardup.sources import jsonl
 
     pages, state = tmp_path / "pages.jsonl", tmp_path / "state"
     write_pages(pages, ["p1", "p2", "p3"])
@@ -73,9 +74,9 @@ def test_a_resumed_run_skips_decided_pages_before_reading_their_bodies(
     argv = ["dedup", str(pages), "--state", str(state), *NO_SANDBOX]
     assert main([*argv, "--out", str(first), "-q"]) == EXIT_OK
     analysed = Counted(engine.analyse)
-    parsed = Counted(sources.parse_loaded)
+    parsed = Counted(jsonl.parse_loaded)
     monkeypatch.setattr(engine, "analyse", analysed)
-    monkeypatch.setattr(sources, "parse_loaded", parsed)
+    monkeypatch.setattr(jsonl, "parse_loaded", parsed)
     code = main([*argv, "--out", str(again), "--stats", str(tmp_path / "s.json")])
     assert code == EXIT_OK
     assert (analysed.calls, parsed.calls) == (0, 0)

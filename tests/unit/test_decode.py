@@ -9,15 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neardup.decode import (
-    bad_share,
-    codec_for,
-    decode,
-    meta_charset,
-    not_html,
-    prose_share,
-    reads_as_chinese,
-)
+from neardup.charset import codec_for, meta_charset, prose_share, reads_as_chinese
+from neardup.decode import bad_share, decode, not_html
 from neardup.records import Decoded, RawPage, Reason, Rejected
 
 # Sentences written for these tests; simplified for GB, traditional for Big5.

@@ -135,8 +135,6 @@ def test_values_map_one_to_one_onto_settings(
     assert set(env) <= settings_env_names()
     parsed = _settings_from(env, monkeypatch)
     assert parsed.http_host == "0.0.0.0"  # probes and Prometheus reach the pod
-    # The worker refuses guarantees other than its default (neardup/kafka/app.py).
-    assert parsed.processing_guarantee == Settings.model_fields["processing_guarantee"].default
 
 
 def test_values_comments_name_each_variable() -> None:
@@ -201,8 +199,8 @@ def _names_a_log_level(command: list[str]) -> bool:
 def test_the_worker_commands_leave_the_log_level_to_the_settings(
     compose: dict[str, Any],
 ) -> None:
-    """A ``-l`` on the worker's command line overrides NEARDUP_LOG_LEVEL (Faust sets the
-    root logger's level from it), so the chart's settings.log_level would do nothing."""
+    """A ``-l`` on the worker's command line overrides NEARDUP_LOG_LEVEL, so the chart's
+    settings.log_level would do nothing."""
     commands = {"docker-compose.yml": compose["services"]["worker"]["command"]}
     for line in (ROOT / "Dockerfile").read_text(encoding="utf-8").splitlines():
         if line.startswith("CMD "):
@@ -213,3 +211,44 @@ def test_the_worker_commands_leave_the_log_level_to_the_settings(
     for where, command in commands.items():
         assert command[:4] == ["python", "-m", "neardup.kafka", "worker"], where
         assert not _names_a_log_level(command), f"{where}: {command}"
+
+
+def test_the_chart_probes_the_workers_endpoint_and_keeps_a_volume_per_pod(
+    values: dict[str, Any],
+) -> None:
+    """Liveness on /healthz and readiness on /readyz of the container port that is
+    NEARDUP_HTTP_PORT, and each pod's own state volume mounted at NEARDUP_STATE_DIR (a task
+    that moves restores its store from the changelog; one that stays keeps it)."""
+    sts = (CHART / "templates" / "statefulset.yaml").read_text(encoding="utf-8")
+    assert "kind: StatefulSet" in sts
+    assert re.search(r"containerPort: \{\{ int \$s\.http_port \}\}", sts)
+    for probe, path in (
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ):
+        block = re.search(rf"{probe}:\n\s+httpGet:\n\s+path: (\S+)\n\s+port: (\S+)", sts)
+        assert block is not None, probe
+        assert block.groups() == (path, "metrics"), probe
+    assert re.search(r"- name: state\n\s+mountPath: \{\{ \$s\.state_dir \}\}", sts)
+    claims = sts[sts.index("volumeClaimTemplates:") :]
+    assert re.search(r"name: state\b", claims)
+    assert values["persistence"]["enabled"] is True
+    assert values["settings"]["state_dir"].startswith("/")
+
+
+def test_the_deployment_files_name_no_routed_worker() -> None:
+    """One topology: nothing sets or explains the routed worker's settings or Faust."""
+    files = [COMPOSE, ROOT / "Dockerfile", *CHART.rglob("*")]
+    for path in files:
+        if path.is_file():
+            text = path.read_text(encoding="utf-8").lower()
+            for word in ("neardup_topology", "faust", "sequencer", "standby"):
+                assert word not in text, f"{path.relative_to(ROOT)} names {word}"
+
+
+def test_compose_reads_the_outputs_committed_only(compose: dict[str, Any]) -> None:
+    """The worker writes in transactions: the decisions tool reads read_committed, as
+    every downstream consumer must (an aborted transaction's records are in the log)."""
+    command = " ".join(compose["services"]["decisions"]["command"])
+    assert "--isolation-level read_committed" in command

@@ -11,21 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neardup.config import EngineConfig
-from neardup.fingerprint import (
+from neardup.fingerprint import fingerprint
+from neardup.normalise import normalise
+from neardup.simhash import combine, hamming, hash64, simhash_weighted
+from neardup.sketch import (
     bottom_k,
-    combine,
-    content_words,
-    fingerprint,
-    hamming,
-    hash64,
     period_strings,
     piece_chars_from_owners,
     piece_features,
     piece_owners,
     resemblance,
-    simhash_weighted,
 )
-from neardup.normalise import normalise
+from neardup.words import content_words
 from tests.corpus import ARTICLES, HARD_A, HARD_B, in_a_process
 
 CFG = EngineConfig()
@@ -218,7 +215,7 @@ def test_fingerprints_do_not_depend_on_the_hash_seed() -> None:
 
 
 def test_without_template_rebuilds_strings_and_sketch() -> None:
-    from neardup.fingerprint import bottom_k, char_shingles
+    from neardup.sketch import bottom_k, char_shingles
 
     body = "".join(ARTICLES["rail"])
     footer = "本网站所有内容均受版权保护未经授权不得转载。"
@@ -287,7 +284,8 @@ def test_lexicon_by_hash_is_the_dictionary_by_word() -> None:
     import importlib.util
     import os
 
-    from neardup.fingerprint import _KEYWORD_POS, _hashes, _lexicon
+    from neardup.simhash import _hashes
+    from neardup.tables import _KEYWORD_POS, _lexicon
 
     spec = importlib.util.find_spec("jieba")
     assert spec is not None and spec.origin is not None
@@ -311,7 +309,7 @@ def test_lexicon_by_hash_is_the_dictionary_by_word() -> None:
     assert (keys[at] == _hashes(words)).all()
     assert weights[at].tolist() == list(by_word.values())
     # the lookup the keywords use: the same weights, and the median for other words
-    from neardup.fingerprint import lexicon_weights
+    from neardup.tables import lexicon_weights
 
     assert lexicon_weights(_hashes(words)).tolist() == list(by_word.values())
     others = [f"{w}呀呀" for w in words[:5000]] + ["", "neardup", "语"]
@@ -331,7 +329,7 @@ def test_lexicon_cache_round_trip_and_recovery(
 ) -> None:
     """The lexicon kept on disk is the one derived from jieba's tables; a missing or
     damaged copy is derived again and rewritten; no cache directory means no file."""
-    from neardup import fingerprint as fp
+    from neardup import tables as fp
 
     root = fp._jieba_root()
     tables = [Path(root, name).read_text(encoding="utf-8") for name in fp._LEXICON_FILES]
@@ -376,7 +374,7 @@ def test_char_classes_cache_round_trip_and_recovery(
     """The character classes kept on disk are the derived ones; a damaged copy (cut
     short, or a byte changed: the checksum) is derived again and rewritten; a cache that
     cannot be written costs only the derivation."""
-    from neardup import fingerprint as fp
+    from neardup import tables as fp
 
     derived = fp._derive_char_classes()
     monkeypatch.setenv("NEARDUP_CACHE_DIR", str(tmp_path / "cache"))
@@ -399,7 +397,7 @@ def test_char_classes_cache_round_trip_and_recovery(
 
 
 def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from neardup.fingerprint import cache_dir
+    from neardup.tables import cache_dir
 
     monkeypatch.delenv("NEARDUP_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", "/x/cache")

@@ -19,7 +19,7 @@ from neardup.boilerplate import is_boilerplate
 from neardup.config import EngineConfig
 from neardup.engine import Analysed, Engine, Outcome, analyse, for_decision
 from neardup.extract import extract, strip_noise
-from neardup.kafka.wire import analysed_from_json, analysed_to_json
+from neardup.flow.analysed_wire import analysed_from_json, analysed_to_json
 from neardup.normalise import normalise
 from neardup.records import Decoded, Extracted, RawPage
 from neardup.store import MemoryKV

@@ -9,10 +9,11 @@ from neardup.config import EngineConfig
 from neardup.contract import parse_raw
 from neardup.decide import Candidate, matches
 from neardup.engine import Analysed, Engine, Outcome, analyse
-from neardup.fingerprint import resemblance
+from neardup.facts import compare
 from neardup.records import Rejected
+from neardup.sketch import resemblance
 from neardup.store import MemoryKV
-from tests.corpus import line, raw_page
+from tests.corpus import ARTICLES, line, raw_page
 
 CFG = EngineConfig(extract_timeout_s=0)
 
@@ -276,3 +277,88 @@ def test_an_excerpt_with_one_sentence_end_edited_is_contained() -> None:
     a, b = _pair(LONG[:5], part, CFG)
     assert b.decision["decision"] == "contained", b.decision
     assert _joined(a, b)
+
+
+# A budget report rich in figures, and a reprint of it lightly edited: a few words
+# changed, commas half-width, and two figures slipped (52.3 -> 52.8, 1280 -> 1230).
+BUDGET = [
+    "区财政局日前公布上半年预算执行情况，1至6月全区一般公共预算收入完成38.6亿元，同比增长7.4%。",
+    "其中税收收入29.1亿元，占一般公共预算收入的75.4%，非税收入9.5亿元。",
+    "支出方面，上半年全区一般公共预算支出完成52.3亿元，教育、卫生健康和社会保障三项民生支出合计31.8亿元。",
+    "全区新发放创业担保贷款4600万元，支持1280名城乡居民创业，带动就业3100余人。",
+    "区财政局负责人表示，下半年将继续压减一般性支出，把有限的财力用在保基本民生和重点项目建设上。",
+]
+BUDGET_EDITED = [
+    "区财政局近日公布上半年预算执行情况,1至6月全区一般公共预算收入完成38.6亿元,同比增长7.4%。",
+    "其中税收收入为29.1亿元,约占一般公共预算收入的75.4%,非税收入9.5亿元。",
+    "支出方面,今年上半年全区一般公共预算支出完成52.8亿元,教育、卫生健康和社会保障三项民生支出合计31.8亿元。",
+    "全区新发放创业担保贷款4600万元,扶持1230名城乡居民创业,带动就业3100余人。",
+    "区财政局负责人表示,下半年将继续压减一般性支出,把有限的财力用在保障基本民生和重点项目建设。",
+]
+
+
+def test_a_light_edit_that_slips_two_of_many_figures_is_a_duplicate() -> None:
+    """Failure mode 6 in a text rich in numbers: an edit slips two of its fourteen figures,
+    so each page has more than one number the other lacks, and J is 0.67, under the cut.
+    The lone numbers are few beside the shared ones (a formula's copies share few): a
+    duplicate."""
+    one, two = (
+        analyse(parse_raw(line(raw_page(url, paras, "预算")), CFG.max_bytes), CFG)
+        for url, paras in (
+            ("https://a.example.cn/b", BUDGET),
+            ("https://b.example.com/b", BUDGET_EDITED),
+        )
+    )
+    assert isinstance(one, Analysed) and isinstance(two, Analysed)
+    facts = compare(two.fps.facts, one.fps.facts)
+    assert facts.shared >= 10 and max(facts.only_mine, facts.only_theirs) == 2, facts
+    assert not _joined(*_pair(BUDGET, BUDGET_EDITED, NO_FACTS))
+    a, b = _pair(BUDGET, BUDGET_EDITED, CFG)
+    assert b.decision["decision"] == "duplicate", b.decision
+    jac, _ = resemblance(two.fps.sketch, two.fps.shingles, one.fps.sketch, one.fps.shingles, 128)
+    assert CFG.jaccard_facts <= jac < CFG.jaccard_min
+    assert _joined(a, b)
+
+
+def test_an_excerpt_a_fifth_of_a_long_page_is_contained() -> None:
+    """Failure mode 7 for a long page: one article of four (a fifth of the page's
+    5-grams) reprinted alone. The long page keeps a sketch of 128 hashes; the excerpt's
+    containment derived from the estimated resemblance read 0.55 here, as it depends on
+    how many of the excerpt's hashes fall among the union's 128 smallest. Read off the
+    excerpt's own hashes under the long page's largest, it is exact: every one is there."""
+    full = [p for name in ("museum", "rail", "library", "harvest") for p in ARTICLES[name]]
+    pages = [
+        raw_page("https://a.example.cn/week", full, "一周要闻"),
+        raw_page(
+            "https://b.example.com/ship",
+            ARTICLES["museum"],
+            "航海",
+            template="blog",
+            fetched_at="2026-03-01T00:05:00Z",
+        ),
+    ]
+    a, b = _decide(pages)
+    assert b.decision["decision"] == "contained", b.decision
+    assert b.decision["similarity"] == 1.0
+    assert b.decision["cluster_id"] == a.decision["page_id"]
+
+
+def test_an_excerpt_with_two_sentence_ends_edited_is_contained_by_its_figures() -> None:
+    """Failure mode 6 for containment above the cut: an excerpt of three sentences, two of
+    them edited at their ends, is 0.90 inside the full text, but only one of its three
+    period strings is there, under ccs_contain even with one string of slack. Its seven
+    numbers are all in the full text: they vouch for it instead."""
+    part = [
+        WATER[0].replace("万吨。", "万吨的水平。"),
+        WATER[1].replace("约12公里。", "约12公里长。"),
+        WATER[2],
+    ]
+    a, b = _pair(WATER + WATER_MORE, part, CFG)
+    assert b.decision["decision"] == "contained", b.decision
+    assert b.decision["similarity"] >= CFG.containment_min
+    assert _joined(a, b)
+    # the same excerpt with its figures changed as a formula's would be stays apart
+    other = [p.replace("3月18日", "5月6日").replace("4.6亿", "3.2亿") for p in part]
+    other = [p.replace("15万", "11万").replace("约12", "约21") for p in other]
+    a, b = _pair(WATER + WATER_MORE, other, CFG)
+    assert b.decision["decision"] == "unique", b.decision

@@ -16,9 +16,12 @@ from hypothesis import strategies as st
 
 from neardup import fingerprint as fpmod
 from neardup.config import EngineConfig
-from neardup.fingerprint import char_classes, fingerprint, fingerprint_python, native
+from neardup.fingerprint import fingerprint, fingerprint_python, native
 from neardup.lexicon import STOPWORDS, SYNONYMS
 from neardup.normalise import normalise
+from neardup.simhash import hash64
+from neardup.sketch import period_strings, piece_features
+from neardup.tables import char_classes
 from tests.corpus import ARTICLES, HARD_A, HARD_B
 
 CFG = EngineConfig()
@@ -101,7 +104,7 @@ def test_period_len_zero_takes_the_whole_piece_as_python_slicing_does() -> None:
     # EngineConfig refuses 0; the native call follows Python's c[-0:] all the same
     text = "第一句话很长。第二句。"
     raw = NATIVE.fingerprint(text, 24, 2, 0, 5, 128)  # type: ignore[attr-defined]
-    strings, _, _ = fpmod.piece_features(text, 0)
+    strings, _, _ = piece_features(text, 0)
     assert raw[6] == strings.astype("<u8").tobytes()
 
 
@@ -131,7 +134,7 @@ def test_a_lone_surrogate_is_refused_both_ways() -> None:
 @given(texts, st.integers(1, 12))
 @example("近日\ud800，市民表示。地铁开通了。", 10)  # a lone surrogate: the Python way
 def test_period_hashes_are_the_hashed_period_strings(text: str, length: int) -> None:
-    expected = sorted({fpmod.hash64(s) for s in fpmod.period_strings(text, length)})
+    expected = sorted({hash64(s) for s in period_strings(text, length)})
     assert fpmod.period_hashes(text, length) == expected
 
 

@@ -212,8 +212,8 @@ def pipe_inputs(tmp_path: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "warc", "warc.gz", "tiny"])
 def test_a_pipe_or_fifo_is_read_once_like_a_file(tmp_path: Path, kind: str) -> None:
-    # found by a review of hostile input: `neardup dedup <(cat pages.jsonl)` gave no page
-    # and no reject (the format was sniffed by reading the pipe), and a FIFO hung
+    # a pipe or a FIFO gives its bytes once: opened a second time after its format was
+    # sniffed, `neardup dedup <(cat pages.jsonl)` would give no page, and a FIFO would hang
     data = pipe_inputs(tmp_path)[kind]
     as_file = read(_write(tmp_path / "pages", data))
     assert len(as_file) >= 1
@@ -335,8 +335,8 @@ CODINGS: dict[str, tuple[str, Callable[[bytes], bytes]]] = {
 
 @pytest.mark.parametrize("coding", list(CODINGS))
 def test_warc_content_codings_are_undone(tmp_path: Path, coding: str) -> None:
-    # br was rejected outright (found by a review of hostile input): warcio 1.8.1 sets an
-    # attribute on brotli's Decompressor that brotli 1.2 refuses
+    # br through warcio's own decoder fails on every body: warcio 1.8.1 sets an attribute
+    # on brotli's Decompressor that brotli 1.2 refuses
     header, encode = CODINGS[coding]
     body = ("<p>" + "新建的地铁线路明年通车，沿线居民出行更方便。" * 3000 + "</p>").encode("gbk")
     records = [
@@ -438,8 +438,8 @@ def longest_result(monkeypatch: pytest.MonkeyPatch, cls: type, method: str) -> l
 def test_warc_chunk_is_read_a_piece_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, coding: str
 ) -> None:
-    # found by a review of hostile input: warcio's ChunkedDataReader read a whole chunk (up
-    # to 2 GiB) before the size limit applied; one 200 MB chunk in a .warc.gz cost 472 MB
+    # warcio's ChunkedDataReader reads a whole chunk (up to 2 GiB) before a size limit can
+    # apply: one 200 MB chunk in a .warc.gz costs it 472 MB
     body = random.Random(1).randbytes(4 << 20)  # so that gzip leaves it as big
     coded = gzip.compress(body, compresslevel=1) if coding == "gzip" else body
     records = [
@@ -527,7 +527,8 @@ def test_warc_truncated_keeps_earlier_records(tmp_path: Path, gz: bool) -> None:
 
 @pytest.mark.parametrize("gz", [False, True])
 def test_warc_cut_inside_a_record_that_holds_no_page_is_reported(tmp_path: Path, gz: bool) -> None:
-    # found by a review of hostile input: a file cut inside its last, request, record
+    # a file cut inside its last record, a request, loses no page, yet it is cut short and
+    # must be reported so
     get = StatusAndHeaders("GET /2 HTTP/1.1", [("User-Agent", "爬虫" * 100)], is_http_request=True)
     path = tmp_path / "cut.warc"
     write_warc(
@@ -569,15 +570,14 @@ def http_block(body: bytes = GBK) -> bytes:
         (None, "no Content-Length, so where the record ends cannot be told"),
         ("12x", "Content-Length '12x' is not a number of bytes"),
         ("-5", "Content-Length '-5' is not a number of bytes"),
-        # int() refuses over 4,300 digits (found by a review: it escaped iter_pages)
+        # int() refuses over 4,300 digits: its ValueError must not escape iter_pages
         ("9" * 4301, f"Content-Length '{'9' * 4301}' is not a number of bytes"),
     ],
 )
 def test_warc_record_without_a_usable_length_stops_the_file(
     tmp_path: Path, length: str | None, says: str
 ) -> None:
-    # found by a review of hostile input: without a Content-Length, the second page's body
-    # was every record after it
+    # without a usable Content-Length, warcio reads every record after it as its body
     records = [raw_record(f"https://example.cn/{n}", http_block()) for n in range(1, 5)]
     records[1] = raw_record("https://example.cn/2", http_block(), Content_Length=length)
     path = tmp_path / "unframed.warc"
@@ -625,8 +625,8 @@ def misframed(records: list[bytes], too_long: int) -> bytes:
 
 
 def test_warc_record_too_long_by_any_amount_is_never_a_page(tmp_path: Path) -> None:
-    # found by a review of hostile input: too long by an amount that ends on a line
-    # boundary, record 1 held record 2's WARC headers, or all of record 2 with no reject
+    # too long by an amount that ends on a line boundary, record 1 would hold record 2's
+    # WARC headers, or all of record 2, with no reject
     records = four_records()
     path = tmp_path / "misframed.warc"
     intact = [(i.url, i.body) for i in read(_write(path, b"".join(records)))[1:]]
@@ -727,8 +727,8 @@ def test_warc_cut_inside_record_headers_is_reported(tmp_path: Path) -> None:
 
 
 def test_warc_records_without_target_uri_cost_that_record_only(tmp_path: Path) -> None:
-    # found by a review of hostile input: warcio's parsing of a request without
-    # WARC-Target-URI raised, and the rest of the file was skipped
+    # warcio's own parsing of a request without WARC-Target-URI raises, which would skip
+    # the rest of the file
     request = b"GET /2 HTTP/1.1\r\nHost: example.cn\r\n\r\n"
     no_uri = {"WARC_Target_URI": None}
     path = tmp_path / "no-uri.warc"
@@ -782,7 +782,7 @@ def test_warc_http_headers_are_read_to_a_bound(tmp_path: Path) -> None:
             "bad_input:https://example.cn/1",  # no WARC record follows it
             id="a long line between records",
         ),
-        pytest.param(  # blank lines do end the record before (found by a review)
+        pytest.param(  # blank lines do end the record before
             b"\r\n" * (1 << 20) + raw_record("https://example.cn/2", http_block()),
             "https://example.cn/1",
             id="over a MiB of blank lines between records",
@@ -792,8 +792,8 @@ def test_warc_http_headers_are_read_to_a_bound(tmp_path: Path) -> None:
 def test_warc_headers_are_read_to_a_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, second: bytes, first: str
 ) -> None:
-    # found by a review of hostile input: warcio reads such lines whole, in quadratic time
-    # (a 32 MB line cost 11 s of CPU and 121 MB)
+    # warcio reads such lines whole, in quadratic time (a 32 MB line costs 11 s of CPU and
+    # 121 MB)
     path = tmp_path / "long-lines.warc"
     path.write_bytes(
         raw_record("https://example.cn/1", http_block())
@@ -841,7 +841,7 @@ def test_jsonl_that_starts_like_a_warc_is_rejected(tmp_path: Path) -> None:
 
 
 def test_warc_gzipped_whole_and_cut_keeps_earlier_records(tmp_path: Path) -> None:
-    # found by a review of hostile input: such a file cut to 2/3 gave 0 pages, 0 rejects
+    # warcio alone gives such a file cut to 2/3 as 0 pages and 0 rejects
     plain = tmp_path / "crawl.warc"
     write_warc(plain, [page_rec(f"https://example.cn/{n}", GBK * 20) for n in range(30)], gz=False)
     data = gzip.compress(plain.read_bytes())
@@ -958,7 +958,7 @@ def test_empty_file(tmp_path: Path) -> None:
 
 
 def _gzip_lines(opener: Any, path: Path) -> list[Any]:
-    from neardup.sources import STREAM_ERRORS
+    from neardup.sources.streams import STREAM_ERRORS
 
     out: list[Any] = []
     try:
@@ -971,9 +971,9 @@ def _gzip_lines(opener: Any, path: Path) -> list[Any]:
 
 
 def test_isal_inflater_gives_what_gzip_gives(tmp_path: Path) -> None:
-    """JSONL gzip is inflated with ISA-L (neardup.sources._Inflater): the same lines as
+    """JSONL gzip is inflated with ISA-L (neardup.sources.streams._Inflater): the same lines as
     gzip.GzipFile, and the same failure, for members, padding, garbage and truncation."""
-    from neardup.sources import open_input
+    from neardup.sources.streams import open_input
 
     def _gunzipped(path: Path) -> io.BufferedReader:
         stream, head = open_input(str(path))

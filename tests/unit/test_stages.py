@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from neardup.cluster import Clusters, PageKey
 from neardup.config import EngineConfig
 from neardup.decide import Candidate, Kind, candidates, matches
-from neardup.fingerprint import Fingerprints, bottom_k
+from neardup.fingerprint import Fingerprints
 from neardup.index import ENTRY, Lookup
 from neardup.normalise import normalise, normalise_many
+from neardup.sketch import bottom_k
 from neardup.store import BufferedKV, MemoryKV
 from neardup.template import TemplateFilter
 

@@ -13,8 +13,9 @@ import pytest
 
 from bench.streams.heldout import SITES, SMALL_SITE_PAGES, Stream, build
 from bench.streams.texts import Text
+from neardup.charset import header_charset, meta_charset
 from neardup.contract import parse_raw
-from neardup.decode import decode, header_charset, meta_charset
+from neardup.decode import decode
 from neardup.records import Decoded, RawPage
 
 _PLACES = ("东湖", "西山", "南港", "北岭", "中洲", "青川", "白沙", "红石")
