@@ -63,10 +63,7 @@ a float64, which would print 5242880 as 5.24288e+06; whole numbers print as inte
 {{- define "neardup.validate" -}}
 {{- $s := .Values.settings -}}
 {{- if gt (int .Values.replicaCount) (int $s.partitions) }}
-{{- fail (printf "replicaCount (%d) is more than settings.partitions (%d): a worker beyond the partition count would own no partition. Lower replicaCount or raise settings.partitions (NEARDUP_PARTITIONS)." (int .Values.replicaCount) (int $s.partitions)) }}
-{{- end }}
-{{- if and $s.group_instance_id (gt (int .Values.replicaCount) 1) (not (contains "$(POD_NAME)" (toString $s.group_instance_id))) }}
-{{- fail "settings.group_instance_id (NEARDUP_GROUP_INSTANCE_ID) would be shared by every pod: include \"$(POD_NAME)\" in it, or leave it null" }}
+{{- fail (printf "replicaCount (%d) is more than settings.partitions (%d): a worker beyond the partition count would run no part task. Lower replicaCount or raise settings.partitions (NEARDUP_PARTITIONS)." (int .Values.replicaCount) (int $s.partitions)) }}
 {{- end }}
 {{- if and .Values.existingSecret.name $s.sasl_password }}
 {{- fail "set either settings.sasl_password or existingSecret.name, not both" }}
@@ -95,9 +92,6 @@ a float64, which would print 5242880 as 5.24288e+06; whole numbers print as inte
 {{- end }}
 {{- if and (include "neardup.isSet" $s.stop_grace_s) (ge (float64 $s.stop_grace_s) (float64 .Values.terminationGracePeriodSeconds)) }}
 {{- fail (printf "settings.stop_grace_s (NEARDUP_STOP_GRACE_S, %v) must be under terminationGracePeriodSeconds (%v): the worker's own deadline has to come before Kubernetes' SIGKILL, so that it says why it stops" $s.stop_grace_s .Values.terminationGracePeriodSeconds) }}
-{{- end }}
-{{- if eq (toString $s.processing_guarantee) "exactly_once" }}
-{{- fail "settings.processing_guarantee (NEARDUP_PROCESSING_GUARANTEE) is exactly_once, which the worker refuses at start (every pod would crash-loop): Faust's transactions cover only outputs co-partitioned with the input, and the sequencer topic and the outputs are not. Use at_least_once: the worker's outputs are idempotent" }}
 {{- end }}
 {{- if not (hasPrefix "/" (toString $s.state_dir)) }}
 {{- fail "settings.state_dir (NEARDUP_STATE_DIR) must be an absolute path: the state volume is mounted there" }}
