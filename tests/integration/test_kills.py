@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -192,6 +193,8 @@ class _Probes:
         self.answered: dict[tuple[Any, ...], tuple[int, int]] = {}
         #: Whether, at the last look, every committed answer had been read.
         self.caught_up = False
+        #: Looks taken so far (a look that began after a moment counts from the next one).
+        self.looks = 0
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
@@ -220,6 +223,7 @@ class _Probes:
                     self.caught_up = all(
                         s is not None and a >= s for s, a in zip(stable, at, strict=True)
                     )
+                    self.looks += 1
         finally:
             await c.stop()
 
@@ -282,20 +286,38 @@ class _Crawl:
 
 def _kill_between(workers: list[WorkerProcess], probes: _Probes, chosen: dict[str, Any]) -> bool:
     """If a probe is committed and its answer is not, on a bucket partition whose owner
-    does not run the ordered step: SIGKILL both owners, say which in ``chosen``, True."""
+    does not run the ordered step: SIGKILL both owners, say which in ``chosen``, True.
+
+    Both owners are stopped (SIGSTOP) first and the answers read again to the end, so
+    that the answer cannot be committed between the last look and the kill; if it came
+    meanwhile, they go on (SIGCONT) and another probe is chosen later."""
     owners = _owners(workers)
     order = owners["order"]
     with probes.lock:
         if not probes.caught_up:
             return False
-        for ident, b in probes.waiting.items():
-            bucket = owners[f"part-{b}"]
-            if bucket is not order:
-                order.kill()
-                bucket.kill()
-                chosen.update(ident=ident, order=order, bucket=bucket)
-                return True
-    return False
+        found = [(i, owners[f"part-{b}"]) for i, b in probes.waiting.items()]
+    found = [(i, w) for i, w in found if w is not order]
+    if not found:
+        return False
+    ident, bucket = found[0]
+    pair = (order, bucket)
+    for w in pair:
+        w.proc.send_signal(signal.SIGSTOP)
+    with probes.lock:
+        since = probes.looks
+    # two whole looks after the stop: a commit sent just before it is read too
+    wait_for(lambda: probes.looks >= since + 2 and probes.caught_up, 60, "answers read")
+    with probes.lock:
+        unanswered = ident in probes.waiting
+    if not unanswered:
+        for w in pair:
+            w.proc.send_signal(signal.SIGCONT)
+        return False
+    for w in pair:
+        w.kill()
+    chosen.update(ident=ident, order=order, bucket=bucket)
+    return True
 
 
 def test_the_order_step_and_a_bucket_owner_killed_between_a_probe_and_its_answer(
