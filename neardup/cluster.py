@@ -5,16 +5,17 @@ when a page joins clusters, the younger clusters are merged into the oldest."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 
 from neardup.store import KV
 
 
-@dataclass(frozen=True, slots=True)
-class PageKey:
-    """A page as the clusters know it: its 64-bit id, order and page id."""
+class PageKey(NamedTuple):
+    """A page as the clusters know it: its 64-bit id, order and page id (a named tuple:
+    the order task makes one for each page and each root it reaches, and sends it as
+    this triple)."""
 
     pid: int
     order: int

@@ -13,9 +13,9 @@ they decide alike.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from neardup.analysis import Analysed, page_pid, without_template, without_template_blocks
 from neardup.cluster import Clusters, PageKey
@@ -86,10 +86,29 @@ class ClusterView(Protocol):
     def join(self, page: PageKey, matched: list[int]) -> tuple[PageKey, list[PageKey]]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterResult:
+class ClusterMatch(Protocol):
+    """What the cluster step reads of a match: ``neardup.decide.Match``, or the order
+    task's ``EdgeMatch`` as decoded (its kind a ``Kind``'s string)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def share(self) -> float: ...
+
+
+M = TypeVar("M", bound=ClusterMatch)
+# a member read through ``Kind`` takes ten times a module constant's time (the cluster
+# step compares every match's kind)
+_CONTAINED, _CONTAINS = Kind.CONTAINED, Kind.CONTAINS
+
+
+class ClusterResult(NamedTuple, Generic[M]):
     #: The matches that joined clusters, best first (the decision's is the first).
-    kept: list[Match]
+    kept: list[M]
     root: PageKey
     #: Roots merged into ``root``, oldest first, not counting the page itself.
     merged: list[PageKey]
@@ -97,23 +116,25 @@ class ClusterResult:
 
 def cluster_step(
     me: PageKey,
-    verified: list[Match],
+    verified: Sequence[M],
     covered: Mapping[int, float],
     view: ClusterView,
     cfg: EngineConfig,
-) -> ClusterResult:
-    """Keep the matches that may join clusters (``without_bridges``) and join them."""
+) -> ClusterResult[M]:
+    """Keep the matches that may join clusters (``without_bridges``) and join them.
+    ``verified``: best first, as ``neardup.decide.matches`` gives them."""
     kept = without_bridges(verified, covered, view, cfg)
     root, merged = view.join(me, [m.pid for m in kept])
     return ClusterResult(kept, root, merged)
 
 
 def without_bridges(
-    found: list[Match], covered: Mapping[int, float], view: ClusterView, cfg: EngineConfig
-) -> list[Match]:
-    """The matches that may join clusters: containment must not bridge unrelated
-    clusters through text they share (a boilerplate block on pages of one site, or of
-    sites that share a publisher), which chains every page that carries it.
+    found: Sequence[M], covered: Mapping[int, float], view: ClusterView, cfg: EngineConfig
+) -> list[M]:
+    """The matches that may join clusters, in ``found``'s order (best first): containment
+    must not bridge unrelated clusters through text they share (a boilerplate block on
+    pages of one site, or of sites that share a publisher), which chains every page that
+    carries it.
 
     * A page contained in pages of several clusters, and a duplicate of none, is text
       they have in common: it joins its best match only and merges nothing.
@@ -127,28 +148,33 @@ def without_bridges(
     Marks the pages this page contains as contained (``ClusterView.mark_contained``).
     """
     if not found:
-        return found
-    roots = {m.pid: view.find(m.pid) for m in found}
-    if len(set(roots.values())) > 1 and all(m.kind is Kind.CONTAINED for m in found):
-        return found[:1]
-    by_root: dict[int, list[Match]] = {}
-    for m in found:
-        by_root.setdefault(roots[m.pid], []).append(m)
-    kept: list[Match] = []
-    for root, group in by_root.items():
-        bridges = all(_is_bridge(m, view, cfg) for m in group)
-        if not bridges or _beyond_excerpt(root, group, covered, view, cfg):
-            kept.extend(group)
-    kept.sort(key=Match.sort_key)
-    for m in kept:
-        if m.kind is Kind.CONTAINS:
-            view.mark_contained(m.pid)
+        return []
+    roots = [view.find(m.pid) for m in found]
+    if len(found) > 1 and len(set(roots)) > 1 and all(m.kind == _CONTAINED for m in found):
+        return [found[0]]
+    contains = [m for m in found if m.kind == _CONTAINS]
+    if not contains:  # (most pages) no bridge, and nothing to mark
+        return list(found)
+    by_root: dict[int, list[M]] = {}
+    for m, root in zip(found, roots, strict=True):
+        by_root.setdefault(root, []).append(m)
+    dropped = {
+        root
+        for root, group in by_root.items()
+        if all(_is_bridge(m, view, cfg) for m in group)
+        and not _beyond_excerpt(root, group, covered, view, cfg)
+    }
+    kept = [m for m, root in zip(found, roots, strict=True) if root not in dropped]
+    if dropped:
+        contains = [m for m in kept if m.kind == _CONTAINS]
+    for m in contains:
+        view.mark_contained(m.pid)
     return kept
 
 
 def _beyond_excerpt(
     root: int,
-    group: list[Match],
+    group: list[M],
     covered: Mapping[int, float],
     view: ClusterView,
     cfg: EngineConfig,
@@ -163,10 +189,10 @@ def _beyond_excerpt(
     )
 
 
-def _is_bridge(m: Match, view: ClusterView, cfg: EngineConfig) -> bool:
+def _is_bridge(m: ClusterMatch, view: ClusterView, cfg: EngineConfig) -> bool:
     """Whether ``m`` is a small page this page contains, contained in another page."""
     small = m.share < cfg.excerpt_share
-    return m.kind is Kind.CONTAINS and small and view.is_contained(m.pid)
+    return m.kind == _CONTAINS and small and view.is_contained(m.pid)
 
 
 def conflicts_with(decision: Mapping[str, Any], a: Analysed) -> bool:

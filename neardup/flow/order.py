@@ -29,12 +29,11 @@ from typing import Protocol
 
 from neardup.cluster import PageKey
 from neardup.config import EngineConfig
-from neardup.decide import Kind, Match
+from neardup.decide import Kind
 from neardup.flow.codec import decode, encode
 from neardup.flow.expiry import Horizon
 from neardup.flow.messages import (
     Edge,
-    EdgeMatch,
     Key,
     Mark,
     Verdict,
@@ -48,6 +47,7 @@ _NODE = struct.Struct(">QqqB")  # parent pid, order, latest order that touched i
 _CONTAINED = 1
 _NODES, _EDGES = b"N", b"E"
 _DAY_MS = 86_400_000
+_DECIDED_CONTAINED = Kind.CONTAINED  # (``Kind.CONTAINED`` itself is a slow lookup)
 
 
 class Node:
@@ -123,8 +123,32 @@ class OrderClusters:
             node.seen = seen
         self._dirty.add(pid)
 
+    def learn_edge(self, edge: Edge) -> None:
+        """``learn`` the edge's page and each page it matched, ``seen`` at its order."""
+        seen, page_id = edge.key
+        self.learn(edge.pid, seen, page_id, seen)
+        nodes, dirty = self._nodes, self._dirty
+        for m in edge.matches:  # ``learn`` again, written out: the order task's hot loop
+            pid = m.pid
+            node = nodes.get(pid) or self.node(pid)
+            if node is None:
+                nodes[pid] = Node(pid, m.order, m.page_id, False, seen)
+                self._absent.discard(pid)
+            elif node.seen >= seen:
+                continue
+            else:
+                node.seen = seen
+            dirty.add(pid)
+
     def find(self, pid: int) -> int:
         nodes = self._nodes
+        node = nodes.get(pid) or self.node(pid)
+        if node is None or node.parent == pid:  # (a root: most pages)
+            return pid
+        top = node.parent
+        node = nodes.get(top) or self.node(top)
+        if node is None or node.parent == top:  # (a root's child: most others)
+            return top
         path: list[int] = []
         cur = pid
         while (node := nodes.get(cur) or self.node(cur)) is not None and node.parent != cur:
@@ -136,7 +160,7 @@ class OrderClusters:
         return cur
 
     def key(self, pid: int) -> PageKey:
-        node = self.node(pid)
+        node = self._nodes.get(pid) or self.node(pid)
         if node is None:
             raise KeyError(f"the order task has no page {pid:016x}")
         return PageKey(pid, node.order, node.page_id)
@@ -153,14 +177,22 @@ class OrderClusters:
 
     def join(self, me: PageKey, matched: Iterable[int]) -> tuple[PageKey, list[PageKey]]:
         """``neardup.cluster.Clusters.join`` over these nodes: the oldest root wins."""
-        roots = {self.find(m) for m in matched}
+        find = self.find
+        roots = {find(m) for m in matched}
         roots.discard(me.pid)
         if not roots:
             return me, []
+        if len(roots) == 1:  # (most pages: their matches are in one cluster)
+            key = self.key(roots.pop())
+            if _rank(key) < _rank(me):
+                self._set_parent(me.pid, key.pid)
+                return key, []
+            self._set_parent(key.pid, me.pid)
+            return me, [key]
         keys = [self.key(r) for r in roots]
         if len(keys) > 1:
             keys.sort(key=_rank)
-        winner = keys[0] if _rank(keys[0]) < (me.order, me.page_id) else me
+        winner = keys[0] if _rank(keys[0]) < _rank(me) else me
         merged = [k for k in keys if k.pid != winner.pid]
         for k in merged:
             self._set_parent(k.pid, winner.pid)
@@ -261,21 +293,15 @@ class OrderTask:
         cl = self.clusters
         if not cl.complete:
             cl.prefetch([edge.pid, *(m.pid for m in edge.matches), *(p for p, _ in edge.covered)])
-        cl.learn(edge.pid, order, page_id, order)
-        for m in edge.matches:
-            cl.learn(m.pid, m.order, m.page_id, order)
-        verified = [_match(m) for m in edge.matches]
+        cl.learn_edge(edge)
+        # the edge's matches go to the cluster step as they are: an ``EdgeMatch`` has what
+        # it reads of a ``Match`` (pid, kind, share), best first as the decide task sent them
         me = PageKey(edge.pid, order, page_id)
-        result = cluster_step(me, verified, dict(edge.covered), cl, self.cfg)
-        if result.kept and result.kept[0].kind is Kind.CONTAINED:
+        kept, root, merged = cluster_step(me, edge.matches, dict(edge.covered), cl, self.cfg)
+        if kept and kept[0].kind == _DECIDED_CONTAINED:
             cl.mark_contained(edge.pid)  # decided contained: what ``_is_contained`` reads
-        return Verdict(
-            edge.key,
-            edge.pid,
-            tuple(m.pid for m in result.kept),
-            _triple(result.root),
-            tuple(map(_triple, result.merged)),
-        )
+        # a PageKey is the (pid, order, page_id) triple a verdict carries
+        return Verdict(edge.key, edge.pid, tuple([m.pid for m in kept]), root, tuple(merged))
 
     def flush(self) -> None:
         """Write the nodes changed since the last flush, and the edges still held, to the
@@ -315,17 +341,6 @@ class OrderTask:
 
 def _rank(k: PageKey) -> tuple[int, str]:
     return (k.order, k.page_id)
-
-
-_KIND = {str(k): k for k in Kind}  # a dict finds a kind in a tenth of ``Kind(name)``'s time
-
-
-def _match(m: EdgeMatch) -> Match:
-    return Match(m.pid, _KIND[m.kind], m.distance, m.similarity, m.order, m.by_simhash, m.share)
-
-
-def _triple(k: PageKey) -> tuple[int, int, str]:
-    return (k.pid, k.order, k.page_id)
 
 
 class _Record(Protocol):
