@@ -36,13 +36,6 @@ def piece_owners(piece_chars: bytes, shingles: int) -> npt.NDArray[np.intp]:
     return np.repeat(np.arange(len(lengths)), lengths)[:shingles]
 
 
-def piece_chars_from_owners(owners: npt.NDArray[np.uint32], pieces: int) -> bytes:
-    """``piece_chars`` that give these owners back (``piece_owners``), from the per-5-gram
-    piece indices that messages written before ``piece_chars`` carried. The counts are
-    the pieces' lengths except in the last few characters, where no 5-gram starts."""
-    return np.bincount(owners, minlength=pieces).astype("<u4").tobytes()
-
-
 def period_strings(text: str, length: int) -> list[str]:
     """The ``length`` characters before each period (or the text since the previous period
     if shorter), counting only letters, digits and ideographs. Periods are 。, ! and ?

@@ -17,7 +17,6 @@ from neardup.simhash import combine, hamming, hash64, simhash_weighted
 from neardup.sketch import (
     bottom_k,
     period_strings,
-    piece_chars_from_owners,
     piece_features,
     piece_owners,
     resemblance,
@@ -427,11 +426,6 @@ def test_piece_lengths_give_each_5_gram_the_piece_it_starts_in(text: str) -> Non
     expected = owner_of_char[: len(hashes)]
     owners = piece_owners(chars.astype("<u4").tobytes(), len(hashes))
     assert owners.tolist() == expected
-    # the older form (a piece index per 5-gram) converts back to the same owners
-    old = np.asarray(expected, dtype=np.uint32)
-    assert (
-        piece_owners(piece_chars_from_owners(old, len(strings)), len(hashes)).tolist() == expected
-    )
 
 
 _SKETCH = st.lists(st.integers(0, 2**32 - 1), max_size=40, unique=True)
