@@ -83,6 +83,11 @@ class Settings(BaseSettings):
     replication: int = Field(default=1, ge=1)
     #: RocksDB state directory (NEARDUP_STATE_DIR).
     state_dir: str = "/var/lib/neardup"
+    #: RocksDB memory of the worker, MiB (NEARDUP_CACHE_MB): one block cache shared by all
+    #: the task stores it owns, however many, into which their memtables are charged too
+    #: (flushed once they hold half of it). Count it on top of the process's own memory;
+    #: more keeps more of the index's blocks in memory.
+    cache_mb: int = Field(default=256, ge=16, le=1 << 20)
     #: How often a task that has read all its input sends its mark again
     #: (NEARDUP_MARK_INTERVAL_MS); it also sends it whenever it changes.
     mark_interval_ms: int = Field(default=500, ge=50, le=60_000)
@@ -91,9 +96,24 @@ class Settings(BaseSettings):
     #: (NEARDUP_ORDER_WAIT_MS; 0: wait as long as it takes). A worker that died sends no
     #: marks until its tasks have a new owner; this bounds the stall.
     order_wait_ms: int = Field(default=60_000, ge=0, le=86_400_000)
+    #: How far the raw topic's partitions may be out of step (NEARDUP_RAW_SKEW_MS): a page
+    #: may be written up to this long after a page with a later fetch time on another
+    #: partition, and the workers' clocks may differ by up to this much, together. At the
+    #: hosts stage, an analyse task that has read all of its partition vouches only for
+    #: pages that came this long before; a page waits that much longer for an idle raw
+    #: partition.
+    raw_skew_ms: int = Field(default=2_000, ge=0, le=3_600_000)
     #: A worker that stops heartbeating leaves its group after this long, and its
     #: tasks move (NEARDUP_SESSION_TIMEOUT_MS).
     session_timeout_ms: int = Field(default=10_000, ge=6_000, le=300_000)
+    #: This worker's static member name in the group, unique to it and kept across its
+    #: restarts (NEARDUP_GROUP_INSTANCE_ID; the chart sets the pod's name). A worker that
+    #: comes back within the session timeout gets its tasks back and the others are not
+    #: rebalanced; one that stops, even on SIGTERM, holds its tasks until then. Unset: a
+    #: dynamic member, whose tasks move at once on SIGTERM.
+    group_instance_id: str | None = Field(
+        default=None, min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$"
+    )
     #: Seconds a stop (SIGTERM, SIGINT) may take before the worker exits anyway, status 1
     #: (NEARDUP_STOP_GRACE_S): a Kafka client that stops waits on its broker, so a worker
     #: told to stop while the broker is away could otherwise run until SIGKILL. Keep it
@@ -203,8 +223,7 @@ OTHER_PREFIXES = ("NEARDUP_KAFKA_",)
 RETIRED_VARIABLES = ("NEARDUP_TOPOLOGY", "NEARDUP_PROCESSING_GUARANTEE",
                      "NEARDUP_COMMIT_INTERVAL_MS", "NEARDUP_MAX_BACKLOG",
                      "NEARDUP_SEQUENCER_WEIGHT", "NEARDUP_ROCKSDB_MEMORY_MB",
-                     "NEARDUP_STANDBY_REPLICAS", "NEARDUP_GROUP_INSTANCE_ID",
-                     "NEARDUP_EVENT_LOOP")  # fmt: skip
+                     "NEARDUP_STANDBY_REPLICAS", "NEARDUP_EVENT_LOOP")  # fmt: skip
 
 
 def refused_variables(environ: Mapping[str, str]) -> list[str]:

@@ -131,6 +131,30 @@ class MemoryKV:
         pass
 
 
+class SharedMemory:
+    """One memory budget for all the RocksDB stores of a process that are given it: one
+    block cache, into which their memtables are charged too (RocksDB's write buffer
+    manager), so that the process's RocksDB memory stays near ``cache_mb`` whatever the
+    number of its stores. A worker has one for its tasks' stores: a cache each would make
+    its bound grow with the tasks it owns."""
+
+    #: Memtables, MiB a store: RocksDB's own default is 64 MiB (and up to two).
+    WRITE_BUFFER_MB = 16
+
+    def __init__(self, cache_mb: int) -> None:
+        from rocksdict import Cache, WriteBufferManager
+
+        if cache_mb < 1:
+            raise ValueError(f"the block cache needs at least 1 MiB, not {cache_mb}")
+        self.cache_mb = cache_mb
+        self.cache = Cache(cache_mb << 20)
+        # memtables charged to the cache: their memory is taken from the blocks cached,
+        # and once they hold half the budget the store written to flushes one (no stall)
+        self.write_buffers = WriteBufferManager.new_write_buffer_manager_with_cache(
+            cache_mb << 19, False, self.cache
+        )
+
+
 class RocksKV:
     """RocksDB through rocksdict, values as raw bytes, writes in one batch per call."""
 
@@ -142,9 +166,21 @@ class RocksKV:
     #: Block cache, MiB (``cache_mb``): RocksDB's own default is 32 MiB.
     CACHE_MB = 256
 
-    def __init__(self, path: str, cache_mb: int = CACHE_MB, *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: str,
+        cache_mb: int = CACHE_MB,
+        *,
+        read_only: bool = False,
+        shared: SharedMemory | None = None,
+    ) -> None:
         """``read_only``: open state that exists, without writing it nor taking its lock (a
         run may be writing it meanwhile); none there is a StateError.
+
+        ``shared``: the block cache and memtable budget of this store, shared with the
+        other stores given it (``cache_mb`` is then not used), and memtables of
+        ``SharedMemory.WRITE_BUFFER_MB``. None: a block cache of its own and RocksDB's
+        default memtables.
 
         ``cache_mb``: the block cache. It holds the blocks read most recently in this
         process's memory, where a host that reclaims idle page cache (as this project's
@@ -172,7 +208,12 @@ class RocksKV:
         opts.set_max_background_jobs(2)
         table = BlockBasedOptions()
         table.set_bloom_filter(self.BLOOM_BITS, False)  # a full filter per file
-        table.set_block_cache(Cache(cache_mb << 20))
+        if shared is None:
+            table.set_block_cache(Cache(cache_mb << 20))
+        else:
+            table.set_block_cache(shared.cache)
+            opts.set_write_buffer_manager(shared.write_buffers)
+            opts.set_write_buffer_size(shared.WRITE_BUFFER_MB << 20)
         opts.set_block_based_table_factory(table)
         self.path = path
         try:
@@ -241,6 +282,11 @@ class RocksKV:
         """RocksDB's estimate of the keys held (``rocksdb.estimate-num-keys``): cheap, read
         from its table properties and memtables, no scan."""
         return int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)
+
+    def int_property(self, name: str) -> int | None:
+        """One of RocksDB's integer properties (``rocksdb.block-cache-capacity``,
+        ``rocksdb.cur-size-all-mem-tables`` ...); None if it has no such property."""
+        return self._db.property_int_value(name)
 
     def approximate_size(self) -> int:
         """Bytes of the files under the state directory."""

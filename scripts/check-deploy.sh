@@ -136,6 +136,9 @@ for variant in ("default", "sasl", "existing-secret"):
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     if mounts.get("state") != data["NEARDUP_STATE_DIR"]:
         problems.append(f"{variant}: state volume is not at NEARDUP_STATE_DIR")
+    instance = [i for i in container.get("env", []) if i["name"] == "NEARDUP_GROUP_INSTANCE_ID"]
+    if [i["valueFrom"]["fieldRef"]["fieldPath"] for i in instance] != ["metadata.name"]:
+        problems.append(f"{variant}: NEARDUP_GROUP_INSTANCE_ID is not the pod's name")
     if data.get("NEARDUP_SECURITY_PROTOCOL", "").startswith("SASL_") and env.get(
         "NEARDUP_SASL_PASSWORD"
     ) != "env":
@@ -178,6 +181,8 @@ expect_refusal "settings.sasl_password without SASL" "uses no SASL" \
 expect_refusal "an HTTP port of the kernel's choosing" "settings.http_port" --set settings.http_port=0
 expect_refusal "a stop grace past Kubernetes' own" "terminationGracePeriodSeconds" \
     --set settings.stop_grace_s=90
+expect_refusal "one instance id for every pod" "NEARDUP_GROUP_INSTANCE_ID" \
+    --set settings.group_instance_id=worker
 expect_refusal "an unknown setting" "additional properties" --set settings.log_levle=DEBUG
 expect_refusal "an unknown engine setting" "additional properties" --set settings.engine.k3=1
 expect_refusal "a bad security protocol" "security_protocol" --set settings.security_protocol=TLS

@@ -91,10 +91,12 @@ class HostsTask:
         sources: int | None = None,
         wait: float = math.inf,
         clock: Callable[[], float] = time.time,
+        skew: float = 0.0,
     ) -> None:
         """``partitions``: of the probes and pages topics. ``sources``: the analyse tasks
         that mark this partition, one per raw partition (default: ``partitions``).
-        ``wait``: ``order_wait`` (``neardup.flow.watermark``)."""
+        ``wait``: ``order_wait``; ``skew``: ``raw_skew``, seconds
+        (``neardup.flow.watermark``)."""
         self.cfg = cfg
         self.partition, self.partitions = partition, partitions
         self.clock = clock
@@ -102,7 +104,7 @@ class HostsTask:
         self.templates = TemplateFilter(self.kv, cfg)
         self.index = KVIndex(self.kv, cfg)  # its keys only: the buckets are elsewhere
         n_sources = partitions if sources is None else sources
-        self.watermark = Watermark(store, PREFIX, n_sources, wait, clock)
+        self.watermark = Watermark(store, PREFIX, n_sources, wait, clock, skew=skew)
         #: pages, repeats, template_only, template_dropped, probes, late (this process)
         self.counts: Counter[str] = Counter()
         self._last_mark: Mark | None = None

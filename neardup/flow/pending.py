@@ -1,6 +1,9 @@
 """What a decide task keeps (``neardup.flow.decide``): page records with their decisions,
 what has come so far for a page not decided yet, and the hosts tasks' marks. Values are
-packed for the task's store; messages inside them keep their wire encoding."""
+packed for the task's store; messages inside them keep their wire encoding. Their layout
+is part of the store's format (``neardup.flow.storeformat``): a change to it bumps that.
+A stored value that does not unpack is ``StateError``, which stops the worker: replaying
+the step would read it again."""
 
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from neardup.flow.messages import (
     ToDecide,
     WireError,
 )
+from neardup.flow.storeformat import current, describe
+from neardup.store import StateError
 
 _REC_HEAD = struct.Struct("<qqIIII")  # order, touched, shingles; page id, url, sketch lengths
 _PAGE_HEAD = struct.Struct("<iII?")  # replies to expect (-1: not asked), answers to drop,
@@ -51,12 +56,17 @@ class Stored:
 
     @classmethod
     def unpack(cls, raw: bytes) -> Stored:
-        order, touched, shingles, *sizes = _REC_HEAD.unpack_from(raw)
-        cuts = [_REC_HEAD.size]
-        for n in sizes:
-            cuts.append(cuts[-1] + n)
-        page_id, url, sketch = (raw[a:b] for a, b in itertools.pairwise(cuts))
-        record = PageRecord(page_id.decode(), url.decode(), order, shingles, sketch)
+        try:
+            order, touched, shingles, *sizes = _REC_HEAD.unpack_from(raw)
+            cuts = [_REC_HEAD.size]
+            for n in sizes:
+                cuts.append(cuts[-1] + n)
+            if cuts[-1] > len(raw):
+                raise ValueError(f"its fields need {cuts[-1]} bytes")
+            page_id, url, sketch = (raw[a:b] for a, b in itertools.pairwise(cuts))
+            record = PageRecord(page_id.decode(), url.decode(), order, shingles, sketch)
+        except (struct.error, ValueError) as exc:
+            raise _unreadable("page record", raw, exc) from exc
         return cls(record, raw[cuts[-1] :], None if touched == order else touched)
 
 
@@ -92,20 +102,33 @@ class Pending:
 
     @classmethod
     def unpack(cls, todo: ToDecide | None, raw: bytes) -> Pending:
-        asked, drop, n, has_edge = _PAGE_HEAD.unpack_from(raw)
-        msgs, at = [], _PAGE_HEAD.size
-        for _ in range(n):
-            (size,) = _U32.unpack_from(raw, at)
-            msgs.append(decode(raw[at + _U32.size : at + _U32.size + size]))
-            at += _U32.size + size
-        page = cls(todo, asked=None if asked < 0 else asked, drop=drop)
-        if has_edge:
-            *msgs, edge, names = msgs
-            assert isinstance(edge, Edge) and isinstance(names, SketchReply)
-            page.edge, page.names = edge, dict(names.records)
+        try:
+            asked, drop, n, has_edge = _PAGE_HEAD.unpack_from(raw)
+            msgs, at = [], _PAGE_HEAD.size
+            for _ in range(n):
+                (size,) = _U32.unpack_from(raw, at)
+                msgs.append(decode(raw[at + _U32.size : at + _U32.size + size]))
+                at += _U32.size + size
+            if at != len(raw):
+                raise ValueError(f"{len(raw) - at} bytes after {n} messages")
+            page = cls(todo, asked=None if asked < 0 else asked, drop=drop)
+            if has_edge:
+                *msgs, edge, names = msgs
+                if not (isinstance(edge, Edge) and isinstance(names, SketchReply)):
+                    raise ValueError("no edge and names where its flag says")
+                page.edge, page.names = edge, dict(names.records)
+        except (struct.error, ValueError) as exc:  # (WireError is a ValueError)
+            raise _unreadable("pending page", raw, exc) from exc
         page.answers = [m for m in msgs if isinstance(m, Answer)]
         page.replies = [m for m in msgs if isinstance(m, SketchReply)]
         return page
+
+
+def _unreadable(what: str, raw: bytes, exc: Exception) -> StateError:
+    return StateError(
+        f"a stored {what} of {len(raw)} bytes does not unpack ({exc}): the task's store is "
+        f"damaged, or not of this version's {describe(current())} (docs/kafka.md, Upgrading)"
+    )
 
 
 class Sources:

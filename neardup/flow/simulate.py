@@ -13,7 +13,12 @@ virtual clock, which is also every task's clock.
 
 Analysis is pure and costly, so the analyse task here takes analysed pages (the raw
 topic's records name them); it marks the hosts partitions with the greatest fetch order it
-has read, as the Kafka analyse task does.
+has read, as the Kafka analyse task does, drained once it has read all of its partition.
+
+The raw pages are there from the start, or are written at given times, as a producer
+writes them: each partition in fetch-time order, but a page up to the skew after pages of
+later fetch times on other partitions; the hosts tasks allow for that ``skew``
+(``NEARDUP_RAW_SKEW_MS``).
 """
 
 from __future__ import annotations
@@ -216,14 +221,27 @@ class Topology:
         rng: random.Random,
         *,
         crash: float = 0.0,
+        written: Sequence[Sequence[float]] | None = None,
+        skew: float = 0.0,
     ) -> None:
         """``raw``: the pages (indexes into ``pages``) in each raw partition, in order;
-        there are as many partitions of every topic."""
+        there are as many partitions of every topic. ``written``: when each of them is
+        written, beside ``raw`` (non-decreasing in each partition; None: all at the
+        start). ``skew``: how long before a drained mark of an analyse task the
+        hosts tasks take it to vouch for what arrived."""
         self.pages, self.cfg, self.n = pages, cfg, len(raw)
-        self.rng, self.crash, self.now = rng, crash, 0.0
-        self.logs: dict[TopicPartition, list[tuple[float, bytes]]] = {
-            (RAW, i): [(0.0, str(x).encode()) for x in part] for i, part in enumerate(raw)
-        }
+        self.rng, self.crash, self.now, self.skew = rng, crash, 0.0, skew
+        self.logs: dict[TopicPartition, list[tuple[float, bytes]]] = {}
+        #: Raw records not written yet, by partition: (when, record), in order.
+        self.unwritten: dict[TopicPartition, list[tuple[float, bytes]]] = {}
+        for i, part in enumerate(raw):
+            times = [0.0] * len(part) if written is None else list(written[i])
+            if len(times) != len(part) or times != sorted(times):
+                raise ValueError(f"raw partition {i}: its write times do not fit its pages")
+            self.logs[(RAW, i)] = []
+            records = [(t, str(x).encode()) for t, x in zip(times, part, strict=True)]
+            self.unwritten[(RAW, i)] = records[::-1]  # popped from the end
+        self._write()
         self.published: list[Out] = []
         self.crashes = 0
         inputs = {"analyse": RAW, "hosts": HOSTS, "buckets": PROBES, "decide": PAGES}
@@ -240,7 +258,7 @@ class Topology:
         if kind == "analyse":
             return AnalyseTask(store, self.pages, i, n, clock)
         if kind == "hosts":
-            hosts = HostsTask(store, cfg, i, n, clock=clock)
+            hosts = HostsTask(store, cfg, i, n, clock=clock, skew=self.skew)
             return StageAdapter(hosts, hosts.tick)
         if kind == "buckets":
             buckets = BucketsTask(store, cfg, i, n, clock=clock)
@@ -253,12 +271,19 @@ class Topology:
     def clock(self) -> float:
         return self.now
 
+    def _write(self) -> None:
+        """The raw records whose time has come, into their partitions."""
+        for tp, pending in self.unwritten.items():
+            while pending and pending[-1][0] <= self.now:
+                self.logs[tp].append(pending.pop())
+
     def unread(self, unit: Unit) -> list[TopicPartition]:
         return [tp for tp in unit.inputs if unit.offsets.get(tp, 0) < len(self.logs.get(tp, ()))]
 
     def turn(self, unit: Unit, reads: int) -> None:
         """Up to ``reads`` records, the task's tick, then a commit or a crash."""
         self.now += 1.0
+        self._write()
         offsets = dict(unit.offsets)
         out: list[Out] = []
         for _ in range(reads):

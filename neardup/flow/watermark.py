@@ -9,14 +9,24 @@ have no earlier item still to come, and is released, in key order.
 
 A source may also say it is *drained*: it had read all of its input and held nothing
 back when it made the mark (``drained_at``, Unix seconds). Such a mark vouches for the
-items that reached this partition before it was made, whatever its frontier: an item
-that arrived at ``a`` is not held back by a source whose latest mark is drained and was
-made at or after ``a``. An idle source (an empty raw partition, a quiet host) then holds
-nothing back. A drained mark made *before* an item arrived says nothing of it (the
-source may have read new input since, of an earlier key); the item waits for a newer
-mark, or, after ``wait`` seconds (``order_wait``), takes the last marks as they are. The
-wait also counts from ``load``: after a restart the items restored and those read again
-wait for fresh marks again (a crash may have cut off a source's step before its items).
+items that reached this partition ``skew`` seconds or more before it was made, whatever
+its frontier: an item that arrived at ``a`` is not held back by a source whose latest
+mark is drained and was made at or after ``a + skew``. An idle source (an empty raw
+partition, a quiet host) then holds nothing back. A drained mark made before that says
+nothing of the item (the source may have read new input since, of an earlier key); the
+item waits for a newer mark, or, after ``wait`` seconds (``order_wait``), takes the last
+marks as they are. The wait also counts from ``load``: after a restart the items
+restored and those read again wait for fresh marks again (a crash may have cut off a
+source's step before its items).
+
+Only the hosts stage has a skew (``NEARDUP_RAW_SKEW_MS``): its sources read the raw
+topic, whose partitions are each written in key order but not in step with each other
+(a producer sends each partition's batches in turn; clocks differ), so a source that
+has read all of its partition may still get a page with a key below one that another
+source sent on up to the skew earlier. Downstream stages need none: a task passes on
+the oldest of its sources' drained times as they are (``drained_at``), and whatever it
+sends later comes from raw pages written after those times, which is more than the skew
+after the pages of anything that such a mark let go upstream.
 
 An item whose key is not above the greatest key released is *late*: a source broke its
 order (a raw partition not written in fetch-time order). It is released at once, in
@@ -118,10 +128,15 @@ class Watermark:
         sources: int,
         wait: float = math.inf,
         clock: Callable[[], float] = time.time,
+        *,
+        skew: float = 0.0,
     ) -> None:
         self.store = store
         self.prefix = prefix
         self.sources = sources
+        #: Seconds before a drained mark was made after which it no longer vouches for
+        #: what arrived (its sources' inputs may be that far out of step).
+        self.skew = skew
         #: Seconds after its arrival (and after ``load``) after which an item is released
         #: on the sources' last marks even if they were made before it arrived.
         self.wait = wait
@@ -265,7 +280,7 @@ class Watermark:
                 yield s
             elif src.frontier is not None and src.frontier > key:
                 continue
-            elif src.drained_at is None or (src.drained_at < arrived and not stale_ok):
+            elif src.drained_at is None or (src.drained_at - self.skew < arrived and not stale_ok):
                 yield s
 
     def release(self) -> list[tuple[Key, bytes]]:

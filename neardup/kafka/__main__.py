@@ -64,6 +64,9 @@ def release_state(state_dir: str) -> None:
 
 def fatal_message(exc: BaseException, state_dir: str) -> str:
     """One line for the operator: what stopped the worker, and what to do."""
+    from neardup.kafka.membership import InstanceFencedError
+    from neardup.kafka.taskstate import StateFormatError
+
     text = str(exc)
     if "IO error" in text and "lock" in text.lower():
         return (
@@ -72,6 +75,8 @@ def fatal_message(exc: BaseException, state_dir: str) -> str:
             "own (NEARDUP_STATE_DIR), then restart: nothing is lost, the pages not yet "
             "decided are read again"
         )
+    if isinstance(exc, (StateFormatError, InstanceFencedError)):
+        return f"fatal: {text}"  # what to do is in it; a restart alone would not help
     return (
         f"fatal: the worker stopped on {type(exc).__name__}: {text}. The pages not yet "
         "decided are read again at the next start"
@@ -139,6 +144,7 @@ def run_worker(settings: Settings) -> int:
     worker runs on; a fatal error said in one line; a stop that hangs (a client waiting
     for a broker that is away) ends ``stop_grace_s`` after the signal."""
     from neardup.kafka import partitioned
+    from neardup.kafka.membership import InstanceFencedError
 
     refuse_if_in_use(settings.state_dir)
     Path(settings.state_dir).mkdir(parents=True, exist_ok=True)
@@ -152,7 +158,7 @@ def run_worker(settings: Settings) -> int:
     try:
         with broker_errors(settings):
             return partitioned.run(settings, on_stop)
-    except (OSError, StateError) as exc:
+    except (OSError, StateError, InstanceFencedError) as exc:
         log.critical("%s", fatal_message(exc, settings.state_dir))
         return 1
     finally:

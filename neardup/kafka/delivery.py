@@ -37,7 +37,7 @@ from aiokafka.errors import KafkaError, ProducerFenced  # type: ignore[import-un
 
 from neardup.kafka.assignor import Task
 from neardup.kafka.taskstate import Overlay, open_store
-from neardup.store import StateError
+from neardup.store import SharedMemory, StateError
 
 log = logging.getLogger("neardup.kafka")
 
@@ -86,21 +86,33 @@ class Config:
     topics: tuple[str, ...]
     #: Each task's store is ``<state_dir>/<task name>``.
     state_dir: str
+    #: A task's commits start at least this far apart; one in flight delays the next.
     commit_min_ms: int = 50
     #: A batch of records is stepped in chunks; after a chunk, a task whose last commit
-    #: is older than this commits without waiting for the batch's end.
+    #: started longer ago than this commits, and holds the rest of the batch until then.
     commit_max_ms: int = 250
     tick_ms: int = 100
     session_timeout_ms: int = 10_000
+    #: The group consumer's static member name (``neardup.kafka.membership``); None: a
+    #: dynamic member.
+    group_instance_id: str | None = None
     #: See the module's docstring for why 15 s.
     transaction_timeout_ms: int = 15_000
     #: Buffered outputs and state writes that make a task commit early.
     max_pending_bytes: int = 16 << 20
     max_records: int = 5000
+    #: The most records stepped at once, and how long a chunk should take (``TaskRunner.
+    #: chunk_size``); a task's first chunk, its cost unknown, is ``first_chunk`` records.
     chunk_records: int = 500
+    chunk_seconds: float = 0.2
+    first_chunk: int = 16
     auto_offset_reset: str = "earliest"
     #: Extra keyword arguments for every client (security: ``security.aiokafka_kwargs``).
     client: Mapping[str, Any] = field(default_factory=dict)
+    #: Each changelog's ``delete.retention.ms``: a store away longer is restored afresh.
+    delete_retention_ms: Mapping[str, int] = field(default_factory=dict)
+    #: The RocksDB memory all the worker's task stores share; None: a store's own each.
+    memory: SharedMemory | None = None
 
     def __post_init__(self) -> None:
         if not self.app or not self.topics:
@@ -110,8 +122,12 @@ class Config:
                 f"commit_min_ms ({self.commit_min_ms}) must be above 0 and at most "
                 f"commit_max_ms ({self.commit_max_ms})"
             )
-        if min(self.tick_ms, self.max_records, self.chunk_records, self.max_pending_bytes) < 1:
-            raise ValueError("tick_ms, max_records, chunk_records, max_pending_bytes: at least 1")
+        counts = (self.tick_ms, self.max_records, self.chunk_records, self.first_chunk)
+        if min(*counts, self.max_pending_bytes) < 1 or self.chunk_seconds <= 0:
+            raise ValueError(
+                "tick_ms, max_records, chunk_records, first_chunk, max_pending_bytes: at "
+                "least 1; chunk_seconds: above 0"
+            )
         if self.auto_offset_reset not in ("earliest", "latest"):
             raise ValueError(
                 f"auto_offset_reset: earliest or latest, not {self.auto_offset_reset!r}"
@@ -136,11 +152,22 @@ class TaskRunner:
         self.kv: Overlay | None = None
         self.out = Out()
         self.committed: dict[Any, int] = {}
+        #: The offsets after the records stepped (what the next commit sends).
         self.next: dict[Any, int] = {}
+        #: The offsets after the records taken from fetches, stepped or ``held``.
+        self.fed: dict[Any, int] = {}
+        #: Records fetched but not stepped yet: a task steps nothing while it commits.
+        self.held: list[Record] = []
+        self.held_bytes = 0
+        #: The commit in flight, if any (``Runtime`` starts it and collects its result).
+        self.committing: asyncio.Future[Any] | None = None
+        #: When the last commit started.
         self.last_commit = time.monotonic()
         self.last_tick = 0.0
         #: Failed steps or commits in a row.
         self.failures = 0
+        #: Seconds a record of this task takes to step, as last measured (None: not yet).
+        self.per_record: float | None = None
 
     @classmethod
     async def open(
@@ -174,7 +201,15 @@ class TaskRunner:
             await producer.commit_transaction()  # empty: nothing is sent
             async with restore_lock:
                 path = os.path.join(cfg.state_dir, task.name)
-                runner.kv = Overlay(await open_store(path, task.changelog, reader))
+                retention = cfg.delete_retention_ms.get(task.changelog.topic)
+                store = await open_store(
+                    path,
+                    task.changelog,
+                    reader,
+                    delete_retention_ms=retention,
+                    memory=cfg.memory,
+                )
+                runner.kv = Overlay(store)
             for tp in task.inputs:
                 offset = await consumer.committed(tp)
                 if offset is not None:
@@ -185,7 +220,7 @@ class TaskRunner:
                     await consumer.seek_to_end(tp)
                 if offset is None:
                     offset = await consumer.position(tp)
-                runner.committed[tp] = runner.next[tp] = offset
+                runner.committed[tp] = runner.next[tp] = runner.fed[tp] = offset
         except BaseException:
             await runner.close()
             raise
@@ -197,15 +232,48 @@ class TaskRunner:
         assert self.kv is not None
         return bool(self.out.pending or self.kv.dirty or self.next != self.committed)
 
-    def feed(self, batch: Mapping[Any, Sequence[Any]]) -> list[Record]:
-        """The records of ``batch`` for this task that it has not read yet."""
-        records: list[Record] = []
+    def feed(self, batch: Mapping[Any, Sequence[Any]]) -> int:
+        """Hold the records of ``batch`` for this task that it has not taken yet; how many."""
+        held = self.held
+        n = len(held)
         for tp in self.task.inputs:
-            start, topic, partition = self.next[tp], tp.topic, tp.partition
+            start, topic, partition = self.fed[tp], tp.topic, tp.partition
             for r in batch.get(tp, ()):
                 if r.offset >= start:
-                    records.append(Record(topic, partition, r.offset, r.key, r.value, r.timestamp))
+                    held.append(Record(topic, partition, r.offset, r.key, r.value, r.timestamp))
+                    self.held_bytes += len(r.key or b"") + len(r.value or b"")
+                    self.fed[tp] = r.offset + 1
+        return len(held) - n
+
+    def take(self, n: int) -> list[Record]:
+        """The first ``n`` held records, no longer held."""
+        records, self.held = self.held[:n], self.held[n:]
+        self.held_bytes -= sum(len(r.key or b"") + len(r.value or b"") for r in records)
         return records
+
+    def chunk_size(self) -> int:
+        """How many held records to step at once: as many as take about
+        ``Config.chunk_seconds``, at most ``chunk_records``. A step holds the worker's event
+        loop, and with it the group heartbeats and the other tasks' commits: a chunk of
+        raw pages, seconds of analysis on a loaded machine, would let the session expire."""
+        n = self.cfg.chunk_records
+        if self.per_record is None:
+            return min(n, self.cfg.first_chunk)
+        return max(1, min(n, int(self.cfg.chunk_seconds / max(self.per_record, 1e-9))))
+
+    def timed(self, records: int, seconds: float) -> None:
+        """Note that ``records`` took ``seconds`` to step (the clock's time, load included:
+        what the event loop waited)."""
+        if records:
+            self.per_record = seconds / records
+
+    def holds_enough(self) -> bool:
+        """Whether the held records fill a chunk, or the pending bytes' cap: enough for
+        the next transaction, and what bounds the memory of a task whose commit is slow."""
+        return (
+            len(self.held) >= self.cfg.chunk_records
+            or self.held_bytes >= self.cfg.max_pending_bytes
+        )
 
     def stepped(self, records: Sequence[Record]) -> None:
         """``records`` are stepped: the next commit covers them (TopicPartition is a named
@@ -214,7 +282,9 @@ class TaskRunner:
             self.next[(r.topic, r.partition)] = r.offset + 1
 
     def due(self, now: float, mid_batch: bool) -> bool:
-        if not self.pending:
+        """Whether to commit now: something to commit, no commit in flight, and the last
+        one started long enough ago (or enough is buffered)."""
+        if self.committing is not None or not self.pending:
             return False
         assert self.kv is not None
         age_ms = (now - self.last_commit) * 1000
@@ -228,6 +298,7 @@ class TaskRunner:
         kv, p = self.kv, self.producer
         assert kv is not None
         start = time.perf_counter()
+        self.last_commit = time.monotonic()
         sent: list[tuple[Any, int]] = []
         changelog: list[tuple[Any, int]] = []
         try:
@@ -264,7 +335,6 @@ class TaskRunner:
             reached = future.result().offset + count
         self.out = Out()
         self.committed = dict(self.next)
-        self.last_commit = time.monotonic()
         try:
             kv.flush(reached)
         except Exception as exc:
@@ -291,15 +361,20 @@ class TaskRunner:
         return sent
 
     def rewind(self, consumer: Any) -> None:
-        """Drop everything since the last commit (a new step object too) and read again
-        from the committed offsets."""
-        assert self.kv is not None
+        """Drop everything since the last commit (a new step object too, and the held
+        records) and read again from the committed offsets."""
+        assert self.kv is not None and self.committing is None
         self.kv.drop()
         self.out = Out()
         self.step = self.factory(self.task)
         for tp, offset in self.committed.items():
             consumer.seek(tp, offset)
         self.next = dict(self.committed)
+        self.drop_held()
+
+    def drop_held(self) -> None:
+        """Forget the held records: the next records taken are those after ``next``."""
+        self.fed, self.held, self.held_bytes = dict(self.next), [], 0
 
     async def close(self) -> None:
         kv, self.kv = self.kv, None

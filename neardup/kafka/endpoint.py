@@ -4,9 +4,10 @@ them): what the runtime and its tasks know, read when scraped.
 Per kind of task (``analyse``, ``part``, ``order``): records read, dead letters by reason;
 per watermark (``stage``: ``hosts``, ``buckets``, ``decide`` in front of a part task's
 stages, ``order``): items held, how far it is behind the newest key held, how long the
-next item has waited; pages decided by kind; state deleted by retention; the keys of the
-tasks' stores. Counts are this process's since it started, a replayed step counted again
-(Prometheus' ``rate`` takes a restart as a reset).
+next item has waited, and the items that came late (after a later key had gone on);
+pages decided by kind; state deleted by retention; the keys of the tasks' stores. Counts
+are this process's since it started, a replayed step counted again (Prometheus' ``rate``
+takes a restart as a reset).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from neardup.kafka.topology import Topics
 
 #: The decisions a page can get (``neardup.decide.Kind``).
 KINDS = ("unique", "duplicate", "contained", "contains")
+#: The watermarks that count late items: in front of each stage of a part task, and
+#: of the order task.
+LATE_STAGES = ("hosts", "buckets", "decide", "order")
 
 
 class _Collector:
@@ -144,7 +148,15 @@ class _Collector:
         )
         for stage in ("buckets", "decide"):
             expired.add_metric([stage], tally.stages[(stage, "expired")])
-        return [records, decided, dead, expired]
+        late = CounterMetricFamily(
+            "neardup_late_items",
+            "Items that reached a watermark after a later key had gone on (an upstream "
+            "source broke its order): taken at once, outside the order guarantee",
+            labels=["stage"],
+        )
+        for stage in LATE_STAGES:
+            late.add_metric([stage], tally.stages[(stage, "late")])
+        return [records, decided, dead, expired, late]
 
 
 class Endpoint:

@@ -14,9 +14,10 @@ from neardup.kafka import runtime
 from neardup.kafka.delivery import Config
 from neardup.kafka.security import aiokafka_kwargs, check_transactions
 from neardup.kafka.tasks import Context
-from neardup.kafka.topics import ensure_topics
+from neardup.kafka.topics import delete_retention, ensure_topics
 from neardup.kafka.topology import Topics, layout
 from neardup.settings import Settings
+from neardup.store import SharedMemory
 
 log = logging.getLogger("neardup.kafka")
 
@@ -41,6 +42,7 @@ def run(settings: Settings, on_stop: Callable[[signal.Signals], None] | None = N
         raw,
         order_wait=wait,
         mark_interval=settings.mark_interval_ms / 1000,
+        raw_skew=settings.raw_skew_ms / 1000,
         sandbox=sandbox,
         counts=counts,
     )
@@ -50,7 +52,10 @@ def run(settings: Settings, on_stop: Callable[[signal.Signals], None] | None = N
         topics=topics.inputs(),
         state_dir=settings.state_dir,
         session_timeout_ms=settings.session_timeout_ms,
+        group_instance_id=settings.group_instance_id,
         client=aiokafka_kwargs(settings),
+        delete_retention_ms=asyncio.run(delete_retention(settings, topics)),
+        memory=SharedMemory(settings.cache_mb),
     )
     log.info(
         "partitioned worker: %d raw partitions, %d internal partitions, app %s",

@@ -1,6 +1,13 @@
 """A worker: one consumer in the group, the tasks it was dealt, the loop that steps them
 and commits (``neardup.kafka.delivery``), and what a rebalance does to them.
 
+A task has at most one transaction in flight, and the loop goes on fetching and stepping
+the other tasks while it commits. Records that come for a task meanwhile are held, and
+stepped once the commit has ended, into the next transaction, which starts as soon as it
+may (``Config.commit_min_ms``): at a low rate small transactions with little delay, under
+load everything that came during a commit in one. Nothing is stepped on top of a commit
+in flight, so a commit that fails leaves nothing to undo but itself.
+
 The consumer reads with ``isolation_level="read_committed"`` and commits nothing itself
 (each task's offsets go into its transaction). The group's assignor
 (``neardup.kafka.assignor``) deals whole tasks. On revocation, before the rebalance
@@ -25,6 +32,7 @@ from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 
 from neardup.kafka.assignor import Layout, Task, task_assignor
 from neardup.kafka.delivery import Config, FencedError, ProducerBrokenError, StepFactory, TaskRunner
+from neardup.kafka.membership import InstanceFencedError, StaticMember
 from neardup.store import StateError
 
 log = logging.getLogger("neardup.kafka")
@@ -51,18 +59,27 @@ class Runtime:
         self.waiting: dict[str, tuple[Task, float]] = {}
         #: Tasks paused after a failure, and when to resume them.
         self.paused: dict[str, float] = {}
+        #: Tasks whose inputs are paused until their commit in flight ends: they hold
+        #: enough records for the next one, and the rest waits in Kafka (backpressure).
+        self.held_back: set[str] = set()
         self.lock = asyncio.Lock()
         self.restore_lock = asyncio.Lock()
         self.generation = 0
+        #: The fetch the loop waits for, if any (``stop`` ends it).
+        self.fetching: asyncio.Future[Any] | None = None
         self.stopping = False
-        #: What stops the worker (a store it cannot open or write), raised by ``run``.
-        self.fatal: StateError | None = None
+        #: What stops the worker (a store it cannot open or write, its instance id taken
+        #: by another worker), raised by ``run``.
+        self.fatal: StateError | InstanceFencedError | None = None
         self.records = 0
         self.commit_seconds: deque[float] = deque(maxlen=100_000)
         #: Records committed to each output topic by this worker's tasks.
         self.published: Counter[str] = Counter()
         kw = {"bootstrap_servers": cfg.bootstrap, "enable_auto_commit": False}
         kw |= {"isolation_level": "read_committed", **cfg.client}
+        self.member: StaticMember | None = None
+        if cfg.group_instance_id:
+            self.member = StaticMember(cfg.app, cfg.group_instance_id, cfg.bootstrap, cfg.client)
         self.consumer = AIOKafkaConsumer(
             group_id=cfg.app,
             auto_offset_reset=cfg.auto_offset_reset,
@@ -70,6 +87,7 @@ class Runtime:
             session_timeout_ms=cfg.session_timeout_ms,
             heartbeat_interval_ms=max(cfg.session_timeout_ms // 5, 100),
             **kw,
+            **(self.member.kwargs if self.member else {}),
         )
         self.reader = AIOKafkaConsumer(group_id=None, **kw)
 
@@ -86,14 +104,14 @@ class Runtime:
     def stop(self) -> None:
         """Finish the current batch, commit every task and leave (safe from a signal)."""
         self.stopping = True
+        if self.fetching is not None:  # in a rebalance, a fetch waits for its end
+            self.fetching.cancel()
 
     async def run(self) -> None:
         while not self.stopping:
             generation = self.generation
             try:
-                batch = await self.consumer.getmany(
-                    timeout_ms=self._wait_ms(), max_records=self.cfg.max_records
-                )
+                batch = await self._fetch()
             except KafkaError as exc:  # the broker away, a rebalance: fetch again
                 log.warning("fetch failed: %r", exc)
                 await asyncio.sleep(self.cfg.tick_ms / 1000)
@@ -103,11 +121,11 @@ class Runtime:
                     # fetched across a rebalance: maybe from before a task's seek, maybe
                     # after it; read it all again from where each task is
                     for runner in self.tasks.values():
+                        runner.drop_held()
                         for tp, offset in runner.next.items():
                             self.consumer.seek(tp, offset)
                     continue
-                await self._resume()
-                await self._step(batch)
+                await self._turn(batch)
         async with self.lock:
             for runner in list(self.tasks.values()):
                 await self._close(runner)
@@ -118,40 +136,92 @@ class Runtime:
         # tasks still open after ``run`` raised: their producers stopped, nothing committed
         for runner in list(self.tasks.values()):
             self.tasks.pop(runner.task.name, None)
+            if runner.committing is not None:
+                runner.committing.cancel()
+                await asyncio.wait([runner.committing])
+                runner.committing = None
             try:
                 await runner.close()
             except Exception as exc:  # the store that failed: said already
                 log.debug("task %s: closing it failed: %r", runner.task.name, exc)
+        if self.member is not None:
+            await self.member.release()  # a replaced member's rejoin, never sent (``revoke``)
         await self.consumer.stop()
         await self.reader.stop()
 
+    async def _fetch(self) -> Mapping[Any, Sequence[Any]]:
+        """Records fetched within ``_wait_ms``; nothing, sooner, when a commit in flight
+        ends first (its task may have records held, or more to commit)."""
+        fetch = asyncio.ensure_future(
+            self.consumer.getmany(timeout_ms=self._wait_ms(), max_records=self.cfg.max_records)
+        )
+        self.fetching = fetch
+        try:
+            commits = [r.committing for r in self.tasks.values() if r.committing is not None]
+            await asyncio.wait([fetch, *commits], return_when=asyncio.FIRST_COMPLETED)
+            if not fetch.done():
+                # getmany takes records from the fetcher's buffer only as it returns them:
+                # cancelled while it waits, it has taken none
+                fetch.cancel()
+                await asyncio.wait([fetch])
+                if fetch.cancelled():
+                    return {}
+            if fetch.cancelled():  # by ``stop``
+                return {}
+            result: Mapping[Any, Sequence[Any]] = fetch.result()
+            return result
+        finally:
+            if not fetch.done():
+                fetch.cancel()
+
     def _wait_ms(self) -> int:
-        """Up to a tick, but no later than the first pending task's commit."""
+        """Up to a tick, but no later than the first commit due (a task whose commit is in
+        flight wakes the loop when that ends)."""
         wait = self.cfg.tick_ms / 1000
         now = time.monotonic()
         for r in self.tasks.values():
-            if r.pending:
+            if r.committing is None and r.held:
+                return 0
+            if r.committing is None and r.pending:
                 wait = min(wait, r.last_commit + self.cfg.commit_min_ms / 1000 - now)
         return max(int(wait * 1000), 0)
 
+    async def _turn(self, batch: Mapping[Any, Sequence[Any]]) -> None:
+        """One round of the loop: take the ended commits' outcomes, resume and open what is
+        due, step ``batch`` and begin the commits due."""
+        for runner in list(self.tasks.values()):
+            if runner.committing is not None and runner.committing.done():
+                await self._settle(runner)
+        await self._resume()
+        await self._step(batch)
+
     async def _step(self, batch: Mapping[Any, Sequence[Any]]) -> None:
-        n = self.cfg.chunk_records
         for runner in list(self.tasks.values()):
             kv = runner.kv
             assert kv is not None
-            records = runner.feed(batch)
-            self.records += len(records)
+            runner.feed(batch)
+            if runner.committing is not None:
+                # what it was fed waits for the commit to end
+                if runner.holds_enough() and runner.task.name not in self.held_back:
+                    self.held_back.add(runner.task.name)
+                    self.consumer.pause(*runner.task.inputs)
+                continue
             at = "tick"
             try:
-                for i in range(0, len(records), n):
-                    at = f"{records[i].topic}[{records[i].partition}]@{records[i].offset}"
-                    chunk = records[i : i + n]
+                while runner.held:
+                    chunk = runner.take(runner.chunk_size())
+                    at = f"{chunk[0].topic}[{chunk[0].partition}]@{chunk[0].offset}"
+                    began = time.perf_counter()
                     runner.step.on_records(chunk, kv, runner.out)
+                    runner.timed(len(chunk), time.perf_counter() - began)
                     runner.stepped(chunk)
-                    more = i + n < len(records)
-                    early = more and runner.due(time.monotonic(), mid_batch=True)
-                    if early and not await self._commit(runner):
+                    self.records += len(chunk)
+                    if runner.held and runner.due(time.monotonic(), mid_batch=True):
+                        self._begin(runner)  # the rest waits for it
                         break
+                    # between chunks, the group heartbeats and the other tasks' commits in
+                    # flight go on (a chunk is sized to take about ``chunk_seconds``)
+                    await asyncio.sleep(0)
                 else:
                     now, at = time.monotonic(), "tick"
                     if now - runner.last_tick >= self.cfg.tick_ms / 1000:
@@ -159,12 +229,13 @@ class Runtime:
                         caught_up, as_of = await self._caught_up(runner)
                         runner.step.on_tick(as_of, kv, runner.out, caught_up)
             except StateError:
-                raise  # a commit's store write: stepped again, it would be published twice
+                raise  # the store failed: a replay would not help, the worker stops
             except Exception:
                 log.exception("task %s failed at %s", runner.task.name, at)
                 self._rewind(runner)
-        due = [r for r in self.tasks.values() if r.due(time.monotonic(), mid_batch=False)]
-        await asyncio.gather(*(self._commit(r) for r in due))
+        for runner in self.tasks.values():
+            if runner.due(time.monotonic(), mid_batch=False):
+                self._begin(runner)
 
     async def _caught_up(self, runner: TaskRunner) -> tuple[bool, float]:
         """Whether the task has read every input up to its last stable offset, and the
@@ -178,9 +249,10 @@ class Runtime:
             if lso is None or position < lso:
                 caught_up = False
             elif position > runner.next[tp]:
-                # every record below it was handed to the task: the offset committed next
-                # passes the transaction markers after its last record too
-                runner.next[tp] = position
+                # every record below it was handed to the task (none is held: it ticks
+                # only then): the offset committed next passes the transaction markers
+                # after its last record too
+                runner.next[tp] = runner.fed[tp] = position
         if not caught_up:
             return False, as_of
         # the stable offsets above came with the last fetch of each partition, which may be
@@ -195,15 +267,39 @@ class Runtime:
                 return False, as_of
         return True, as_of
 
-    async def _commit(self, runner: TaskRunner, final: bool = False) -> bool:
-        """Commit ``runner``'s step; False if it failed (the task is rewound or dropped)."""
-        if not runner.pending:
-            return True
+    def _begin(self, runner: TaskRunner) -> None:
+        """Start committing what ``runner`` has stepped, in the background."""
         sizes: Counter[str] = Counter()
         for (topic, _), msgs in runner.out.pending.items():
             sizes[topic] += len(msgs)
+
+        async def commit() -> tuple[float, Counter[str]]:
+            return await runner.commit(self.cfg.app), sizes
+
+        runner.committing = asyncio.ensure_future(commit())
+
+    async def _commit(self, runner: TaskRunner, final: bool = False) -> bool:
+        """Commit everything ``runner`` has stepped: the commit in flight, then the rest.
+        False if a commit failed (the task is rewound or dropped)."""
+        if not await self._settle(runner, final):
+            return False
+        if runner.pending:
+            self._begin(runner)
+            return await self._settle(runner, final)
+        return True
+
+    async def _settle(self, runner: TaskRunner, final: bool = False) -> bool:
+        """Wait for ``runner``'s commit in flight, if any, and take its outcome; False if it
+        failed (the task is rewound or dropped)."""
+        job, runner.committing = runner.committing, None
+        if job is None:
+            return True
+        if runner.task.name in self.held_back:  # paused again below if it failed
+            self.held_back.discard(runner.task.name)
+            self.consumer.resume(*runner.task.inputs)
         try:
-            self.commit_seconds.append(await runner.commit(self.cfg.app))
+            seconds, sizes = await job
+            self.commit_seconds.append(seconds)
             self.published.update(sizes)
         except StateError:
             raise
@@ -284,7 +380,9 @@ class Runtime:
             elif isinstance(result, StateError) or str(result).startswith("IO error"):
                 # a store that cannot be opened or written (locked, a full disk): trying
                 # again would only say so again
-                self.fatal = self.fatal or StateError(f"task {task.name}: {result}")
+                # of its kind (state of another format says what to do itself)
+                kind = type(result) if isinstance(result, StateError) else StateError
+                self.fatal = self.fatal or kind(f"task {task.name}: {result}")
                 self.stopping = True
             else:
                 log.error("task %s did not open (%r): trying again", task.name, result)
@@ -298,6 +396,13 @@ class Runtime:
                 if revoked & set(runner.task.inputs):
                     await self._close(runner)
             self.waiting = {n: w for n, w in self.waiting.items() if not revoked & set(w[0].inputs)}
+        # a static member revoked because another process took its instance id would take
+        # it back by the rejoin that follows: it stops instead, and this never returns
+        # (``neardup.kafka.membership``)
+        if self.member is not None and (why := await self.member.replaced()):
+            self.fatal = InstanceFencedError(why)
+            self.stop()
+            await self.member.park()
 
     async def assign(self, assigned: set[Any]) -> None:
         async with self.lock:
@@ -317,6 +422,8 @@ class Runtime:
                         "task %s was dealt in part (%s): not run", task.name, inputs & assigned
                     )
             await self._open(mine)
+        if self.member is not None:
+            await self.member.joined()
 
 
 def run(cfg: Config, layout: Layout, factory: StepFactory) -> None:

@@ -125,6 +125,13 @@ class Tally:
         """Count ``now - before``, a stage's counts since they were ``before``."""
         for name, n in now.items():
             if n != before.get(name, 0):
+                if name == "late" and n > before.get(name, 0):
+                    log.warning(
+                        "%d item(s) reached the %s stage after a later key had gone on "
+                        "(late): taken at once, outside the order guarantee",
+                        n - before.get(name, 0),
+                        stage,
+                    )
                 self.stages[(stage, name)] += n - before.get(name, 0)
                 before[name] = n
 
@@ -252,7 +259,9 @@ class PartStep:
         if self.stages is None:
             c, i, n = self.ctx, self.i, self.ctx.partitions
             kw: dict[str, Any] = {"wait": c.order_wait, "clock": c.clock}
-            hosts = HostsTask(Prefixed(kv, b"h"), c.cfg, i, n, sources=c.raw_partitions, **kw)
+            hosts = HostsTask(
+                Prefixed(kv, b"h"), c.cfg, i, n, sources=c.raw_partitions, skew=c.raw_skew, **kw
+            )
             buckets = BucketsTask(Prefixed(kv, b"b"), c.cfg, i, n, **kw)
             decide = DecideTask(Prefixed(kv, b"d"), c.cfg, i, n, **kw)
             self.stages = (hosts, buckets, decide)
@@ -311,10 +320,21 @@ class CountedOrderStep(OrderStep):
             clock=ctx.clock,
             on_bad=Unreadable(ctx, ORDER_TASK).on_order,
         )
+        #: The order task's counts as last added to the worker's tally.
+        self.tallied: Counter[str] = Counter()
 
     def on_records(self, records: Sequence[Any], kv: Any, out: Any) -> None:
         self.ctx.tally.records[ORDER_TASK] += len(records)
         super().on_records(records, kv, out)
+        self._tally()
+
+    def on_tick(self, now: float, kv: Any, out: Any, caught_up: bool) -> None:
+        super().on_tick(now, kv, out, caught_up)
+        self._tally()
+
+    def _tally(self) -> None:
+        if self.task is not None:
+            self.ctx.tally.add("order", Counter(late=self.task.late), self.tallied)
 
 
 class Context:
@@ -329,15 +349,17 @@ class Context:
         *,
         order_wait: float,
         mark_interval: float,
+        raw_skew: float = 0.0,
         sandbox: Any = None,
         clock: Callable[[], float] = time.time,
         counts: Mapping[str, int] | None = None,
     ) -> None:
-        """``counts``: each topic's partitions as the brokers have them (default: as the
-        worker makes them)."""
+        """``raw_skew``: ``NEARDUP_RAW_SKEW_MS``, in seconds. ``counts``: each topic's
+        partitions as the brokers have them (default: as the worker makes them)."""
         self.cfg, self.topics = cfg, topics
         self.partitions, self.raw_partitions = partitions, raw_partitions
         self.order_wait, self.mark_interval = order_wait, mark_interval
+        self.raw_skew = raw_skew
         self.sandbox, self.clock = sandbox, clock
         self.tally = Tally()
         have = dict(topics.partitions(partitions, raw_partitions))

@@ -6,16 +6,26 @@ an overlay to RocksDB only after the transaction that sent its changelog records
 committed, in one write batch with the changelog offset it reached. A crash between the
 two leaves the store behind, and ``open_store`` catches up from that offset, reading
 committed records only; records of aborted transactions never reach the store.
+
+Two things make a store unfit to catch up, and ``open_store`` checks both. Its format
+(``neardup.flow.storeformat``), recorded in the store and in the changelog: state of
+another format stops the worker in one line, as no restore can help. Its age: the store
+records when it was last in step with its changelog, and one away for longer than the
+changelog's ``delete.retention.ms`` may have missed deletions whose tombstones compaction
+has since removed, so it is discarded and restored from the changelog.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from neardup.store import RocksKV
+from neardup import __version__
+from neardup.flow import storeformat
+from neardup.store import RocksKV, SharedMemory, StateError
 
 log = logging.getLogger("neardup.kafka")
 
@@ -25,6 +35,13 @@ RESERVED = b"\x00delivery:"
 OFFSET_KEY = RESERVED + b"offset"
 #: The changelog partition the store mirrors, ``topic:partition``.
 SOURCE_KEY = RESERVED + b"source"
+#: The format of the state (``neardup.flow.storeformat.marker``); a changelog record too,
+#: so that a store restored from the changelog alone has it.
+FORMAT_KEY = RESERVED + b"format"
+#: The marker, while the changelog does not hold it yet: the task's next commit sends it.
+UNSENT_KEY = RESERVED + b"format-unsent"
+#: When the store last held everything its changelog held (Unix seconds, decimal ASCII).
+SYNCED_KEY = RESERVED + b"synced-at"
 #: Changelog records applied in one RocksDB write batch while restoring.
 RESTORE_BATCH = 5000
 
@@ -38,9 +55,12 @@ class Overlay:
     keys the store and the overlay hold at that moment: each becomes a tombstone, which is
     what the changelog needs."""
 
-    def __init__(self, store: RocksKV) -> None:
-        self.store = store
-        self.dirty: dict[bytes, bytes | None] = {}
+    def __init__(self, store: RocksKV, clock: Callable[[], float] = time.time) -> None:
+        self.store, self.clock = store, clock
+        (unsent,) = store.get_many([UNSENT_KEY])
+        #: Writes that an abort keeps: the format marker, until a commit has sent it.
+        self.keep: dict[bytes, bytes | None] = {} if unsent is None else {FORMAT_KEY: unsent}
+        self.dirty: dict[bytes, bytes | None] = dict(self.keep)
         #: Bytes put since the last commit (overwrites counted again): the commit size cap.
         self.nbytes = 0
         self._on_commit: list[Callable[[], None]] = []
@@ -86,7 +106,11 @@ class Overlay:
         """The keys under ``prefix`` with their values, in key order: this transaction's
         writes over the store's. The store is read as the caller goes (a caller that stops
         early reads no further), this transaction's writes as they were when it began."""
-        mine = sorted((k, v) for k, v in self.dirty.items() if k.startswith(prefix))
+        mine = sorted(
+            (k, v)
+            for k, v in self.dirty.items()
+            if k.startswith(prefix) and not k.startswith(RESERVED)
+        )
         stored = ((k, v) for k, v in self.store.scan(prefix) if not k.startswith(RESERVED))
         cur = next(stored, None)
         for k, v in mine:
@@ -119,18 +143,24 @@ class Overlay:
 
     def drop(self) -> None:
         """Forget this transaction's writes (it was aborted)."""
-        self.dirty = {}
+        self.dirty = dict(self.keep)
         self.nbytes = 0
         self._on_commit = []
 
     def flush(self, next_offset: int | None) -> None:
         """Write this transaction's writes to the store in one batch, with the changelog
-        offset after its records (None: it wrote none), then run the ``on_commit`` calls."""
+        offset after its records (None: it wrote none), then run the ``on_commit`` calls.
+
+        The transaction committed, so no other owner has written the changelog since this
+        task's last commit: the store holds all of it, as of now (``SYNCED_KEY``)."""
         records = list(self.dirty.items())
         if next_offset is not None:
             records.append((OFFSET_KEY, str(next_offset).encode()))
-        if records:
-            self.store.write(records)
+            if self.keep:  # the marker went with this commit's changelog records
+                records.append((UNSENT_KEY, None))
+                self.keep = {}
+        records.append((SYNCED_KEY, _stamp(self.clock())))
+        self.store.write(records)
         done = self._on_commit
         self.drop()
         for fn in done:
@@ -157,7 +187,19 @@ def items(store: RocksKV) -> Iterator[tuple[bytes, bytes]]:
             yield key, value
 
 
-async def open_store(path: str, changelog: Any, reader: Any) -> RocksKV:
+class StateFormatError(StateError):
+    """A task's state is of a format this version does not read."""
+
+
+async def open_store(
+    path: str,
+    changelog: Any,
+    reader: Any,
+    *,
+    delete_retention_ms: int | None = None,
+    memory: SharedMemory | None = None,
+    clock: Callable[[], float] = time.time,
+) -> RocksKV:
     """The task's store at ``path``, caught up with its ``changelog`` TopicPartition.
 
     ``reader``: a started AIOKafkaConsumer with no group and
@@ -166,35 +208,88 @@ async def open_store(path: str, changelog: Any, reader: Any) -> RocksKV:
     previous owner left open, so the end offset read here is final.
 
     A store whose offset lies outside the changelog (the topics were made again, or the
-    records it still needs were deleted) is discarded and rebuilt from the changelog."""
+    records it still needs were deleted), or that was last in step with it longer ago than
+    ``delete_retention_ms`` (the changelog's; None: not known), is discarded and rebuilt
+    from the changelog. State of another format raises ``StateFormatError``.
+
+    ``memory``: the worker's, shared by its task stores (None: the store's own)."""
     name = f"{changelog.topic}:{changelog.partition}"
     begin = (await reader.beginning_offsets([changelog]))[changelog]
+    # a record past the end read next is written after this: the store, caught up to that
+    # end, is in step with the changelog as of now
+    now = clock()
     end = (await reader.end_offsets([changelog]))[changelog]
-    store = RocksKV(path)
+    store = RocksKV(path, shared=memory)
     source, offset = stored_offset(store)
     fresh = source is None and offset == 0 and next(items(store), None) is None
+    why = None
     if not fresh and (source != name or not begin <= offset <= end):
+        why = f"does not fit changelog {name} [{begin}, {end})"
+    elif not fresh and delete_retention_ms is not None:
+        why = _too_old(store, now, delete_retention_ms)
+    if why is not None:
         log.warning(
-            "state at %s (changelog %s, offset %d) does not fit changelog %s [%d, %d): "
-            "rebuilding it from the changelog",
+            "state at %s (changelog %s, offset %d) %s: rebuilding it from the changelog",
             path,
             source,
             offset,
-            name,
-            begin,
-            end,
+            why,
         )
         store.close()
         shutil.rmtree(path)
-        store = RocksKV(path)
+        store = RocksKV(path, shared=memory)
         offset = 0
-    store.write([(SOURCE_KEY, name.encode())])
     try:
+        _check_format(store, path, name)
+        store.write([(SOURCE_KEY, name.encode())])
         await _catch_up(store, changelog, reader, max(offset, begin), end)
+        _check_format(store, path, name)
+        if store.get_many([FORMAT_KEY]) == [None]:  # a new state: its first commit says
+            marker = storeformat.marker()
+            store.write([(FORMAT_KEY, marker), (UNSENT_KEY, marker)])
+        store.write([(SYNCED_KEY, _stamp(now))])
     except BaseException:
         store.close()
         raise
     return store
+
+
+def _stamp(t: float) -> bytes:
+    return f"{t:.3f}".encode()
+
+
+def _too_old(store: RocksKV, now: float, delete_retention_ms: int) -> str | None:
+    """Why the store may have missed deletions, if it may: it was last in step with its
+    changelog longer ago than the changelog keeps tombstones."""
+    (raw,) = store.get_many([SYNCED_KEY])
+    if raw is None:  # a restore cut short: in step with nothing yet
+        return "was never caught up with its changelog"
+    age = now - float(raw)
+    if age * 1000 < delete_retention_ms:
+        return None
+    return (
+        f"was last caught up with its changelog {age:.0f} s ago, longer than the "
+        f"changelog's delete.retention.ms ({delete_retention_ms / 1000:.0f} s): it may "
+        "have missed deletions"
+    )
+
+
+def _check_format(store: RocksKV, path: str, changelog: str) -> None:
+    """Refuse state of another format; a store with no marker and nothing in it is new."""
+    (raw,) = store.get_many([FORMAT_KEY])
+    if raw is None and next(items(store), None) is None:
+        return
+    found = None if raw is None else storeformat.read_marker(raw)
+    if found is not None and storeformat.fits(found):
+        return
+    raise StateFormatError(
+        f"the task store {path} (changelog {changelog}) holds state of "
+        f"{storeformat.describe(found)}; this neardup ({__version__}) keeps "
+        f"{storeformat.describe(storeformat.current())}. Run the version that wrote it, "
+        "or start this one with a new NEARDUP_APP_ID and an empty NEARDUP_STATE_DIR "
+        "(new topics and state; it decides the raw topic again from its start; "
+        "docs/kafka.md, Upgrading)"
+    )
 
 
 async def _catch_up(store: RocksKV, tp: Any, reader: Any, start: int, end: int) -> None:

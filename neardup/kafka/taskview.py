@@ -37,6 +37,8 @@ class Held:
     blocking: list[int]
     #: Seconds the next item has held the partition back.
     waiting_s: float
+    #: Items released late (after a later key had gone on), by this step object.
+    late: int = 0
 
     @property
     def lag_s(self) -> float:
@@ -51,7 +53,7 @@ class Held:
 
 def _held(task: str, kind: str, stage: str, w: Watermark) -> Held:
     return Held(task, kind, stage, len(w), w.w, w.released, w.newest(), w.oldest(),
-                w.fronts(), w.blocking(), w.waiting())  # fmt: skip
+                w.fronts(), w.blocking(), w.waiting(), w.late)  # fmt: skip
 
 
 def watermarks(tasks: dict[str, Any]) -> Iterator[Held]:
@@ -93,7 +95,7 @@ def log_tasks(rt: Any) -> None:
     for v in views:
         log.info(
             "task state: %s %s: %d held (oldest %s, newest %s, %.1f s behind); W %s, "
-            "released %s; sources' frontiers %s; held back by %s for %.1f s",
+            "released %s; sources' frontiers %s; held back by %s for %.1f s; %d late",
             v.task,
             v.stage,
             v.held,
@@ -105,4 +107,5 @@ def log_tasks(rt: Any) -> None:
             v.fronts,
             v.blocking or "nothing",
             v.waiting_s,
+            v.late,
         )

@@ -143,3 +143,46 @@ async def _partition_counts(admin: Any, topics: list[str]) -> dict[str, int]:
         for d in described
         if not d.get("error_code") and d.get("partitions")
     }
+
+
+#: Kafka's default ``delete.retention.ms``, which the worker leaves on the changelogs it
+#: makes: taken for a changelog the brokers do not describe to the worker.
+DEFAULT_DELETE_RETENTION_MS = 86_400_000
+
+
+async def delete_retention(
+    settings: Settings, topics: Topics, timeout_s: float = 60.0
+) -> dict[str, int]:
+    """Each changelog's ``delete.retention.ms``: how long compaction keeps its tombstones,
+    and so how long a task's store may be away before it can miss a deletion
+    (``neardup.kafka.taskstate.open_store``). Read with DescribeConfigs; a user without
+    that ACL gets Kafka's default, with one line saying so."""
+    from aiokafka.admin.config_resource import (  # type: ignore[import-untyped]
+        ConfigResource,
+        ConfigResourceType,
+    )
+    from aiokafka.errors import KafkaError
+
+    names = [topics.analyse_changelog, topics.part_changelog, topics.order_changelog]
+    found: dict[str, int] = {}
+    try:
+        async with admin_client(settings, timeout_s) as admin:
+            wanted = {"delete.retention.ms": None}
+            responses = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, n, wanted) for n in names]
+            )
+        for response in responses:
+            for code, _, _, name, entries, *_rest in response.resources:
+                for key, value, *_ in entries if not code else ():
+                    if key == "delete.retention.ms" and value is not None:
+                        found[name] = int(value)
+    except KafkaError as exc:
+        log.info("cannot describe the changelogs' configs: %r", exc)
+    if missing := [n for n in names if n not in found]:
+        log.warning(
+            "delete.retention.ms of %s not described to the worker (it needs DescribeConfigs "
+            "on them): taking Kafka's default, %d ms",
+            ", ".join(missing),
+            DEFAULT_DELETE_RETENTION_MS,
+        )
+    return {n: found.get(n, DEFAULT_DELETE_RETENTION_MS) for n in names}

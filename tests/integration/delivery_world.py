@@ -26,7 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from neardup.kafka import runtime
 from neardup.kafka.assignor import Task
 from neardup.kafka.delivery import Config, Out, Record
-from neardup.kafka.taskstate import Overlay, items
+from neardup.kafka.taskstate import RESERVED, Overlay, items
 from neardup.store import RocksKV
 from tests.integration.helpers import Names
 
@@ -292,7 +292,8 @@ def produce(bootstrap: str, records: list[tuple[str, int, bytes, bytes]]) -> Non
 
 
 def changelog_state(bootstrap: str, tp: TopicPartition) -> dict[bytes, bytes]:
-    """What the changelog partition holds, read_committed: each key's last value."""
+    """What the changelog partition holds for the step, read_committed: each key's last
+    value (the runtime's own records, the state's format, left out)."""
 
     async def run() -> dict[bytes, bytes]:
         consumer = AIOKafkaConsumer(
@@ -307,7 +308,8 @@ def changelog_state(bootstrap: str, tp: TopicPartition) -> dict[bytes, bytes]:
             while await consumer.position(tp) < end:
                 for r in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
                     state[r.key] = r.value
-            return {k: v for k, v in state.items() if v is not None}
+            mine = (k for k in state if not k.startswith(RESERVED))
+            return {k: v for k in mine if (v := state[k]) is not None}
         finally:
             await consumer.stop()
 

@@ -234,9 +234,12 @@ def delete_topics(bootstrap: str, prefix: str | Iterable[str]) -> list[str]:
 def changelog_state(bootstrap: str, topic: str, partition: int, end: int) -> dict[bytes, bytes]:
     """What a task store mirroring a changelog partition holds once it has applied the
     partition's committed records below offset ``end`` (``neardup.kafka.taskstate``): each
-    key's last value, keys whose last record is a tombstone left out. Read with
+    key's last value, keys whose last record is a tombstone left out, and the runtime's own
+    (the state's format) too. Read with
     read_committed, as a restore reads: records of aborted transactions never count."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from neardup.kafka.taskstate import RESERVED
 
     async def run() -> dict[bytes, bytes]:
         consumer = AIOKafkaConsumer(
@@ -256,7 +259,7 @@ def changelog_state(bootstrap: str, topic: str, partition: int, end: int) -> dic
                     raise AssertionError(f"{topic}[{partition}] not read to offset {end}")
                 fetched = await consumer.getmany(tp, timeout_ms=500)
                 for record in fetched.get(tp, []):
-                    if record.offset < end:
+                    if record.offset < end and not record.key.startswith(RESERVED):
                         state[record.key] = record.value
             return {k: v for k, v in state.items() if v is not None}
         finally:

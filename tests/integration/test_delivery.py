@@ -18,7 +18,15 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from neardup.kafka.taskstate import OFFSET_KEY, SOURCE_KEY, items, open_store, stored_offset
+from neardup.flow import storeformat
+from neardup.kafka.taskstate import (
+    FORMAT_KEY,
+    OFFSET_KEY,
+    SOURCE_KEY,
+    items,
+    open_store,
+    stored_offset,
+)
 from neardup.store import RocksKV
 from tests.integration.delivery_world import (
     WORDS,
@@ -203,7 +211,9 @@ def test_a_second_worker_joins_mid_stream(setup: Setup) -> None:
 
 
 def _changelog_with(bootstrap: str, records: list[tuple[bytes, bytes | None]]) -> TopicPartition:
-    """A new 1-partition changelog topic holding ``records`` at offsets 0, 1, ..."""
+    """A new 1-partition changelog topic holding the state's format at offset 0, then
+    ``records`` at offsets 1, 2, ..."""
+    records = [(FORMAT_KEY, storeformat.marker()), *records]
     topic = f"{Names().prefix}-changelog"
 
     async def run() -> None:
@@ -236,7 +246,7 @@ def _open(bootstrap: str, path: Path, tp: TopicPartition) -> dict[bytes, bytes]:
         finally:
             await reader.stop()
         try:
-            assert stored_offset(store) == (f"{tp.topic}:0", 3)
+            assert stored_offset(store) == (f"{tp.topic}:0", 4)
             return dict(items(store))
         finally:
             store.close()
@@ -257,9 +267,10 @@ def test_a_store_behind_catches_up_and_one_past_the_changelog_is_rebuilt(
     source = f"{tp.topic}:0".encode()
     want = {b"b": b"2"}
     caplog.set_level(logging.INFO, logger="neardup.kafka")
-    # new, and behind (it holds offset 0 only): caught up, nothing discarded
+    # new, and behind (it holds offsets 0 and 1 only): caught up, nothing discarded
     assert _open(kafka_bootstrap, tmp_path / "new", tp) == want
-    behind = [(b"a", b"1"), (SOURCE_KEY, source), (OFFSET_KEY, b"1")]
+    behind = [(FORMAT_KEY, storeformat.marker()), (b"a", b"1"), (SOURCE_KEY, source)]
+    behind.append((OFFSET_KEY, b"2"))
     _store(tmp_path / "behind", behind)
     assert _open(kafka_bootstrap, tmp_path / "behind", tp) == want
     assert "rebuilding" not in caplog.text

@@ -100,6 +100,26 @@ def test_a_drained_mark_vouches_only_for_items_that_arrived_before_it_was_made()
     assert wm.late == 0
 
 
+def test_with_a_skew_a_drained_mark_vouches_only_for_items_that_far_before_it() -> None:
+    """The hosts stage's skew: source 0 has read all of its raw partition at 11, but a
+    page of an earlier key may still be written there up to 2 s after one of source 1's
+    went on; the item that came at 10 waits for a mark of 12 or later. A frontier past
+    the item needs no skew."""
+    wm, _ = _wm(skew=2.0)
+    wm.add((50, "x"), b"", arrived=10.0)
+    wm.on_mark(Mark(1, (60, ""), 10.0))
+    wm.on_mark(Mark(0, None, 11.0))
+    assert wm.release() == [] and wm.blocking() == [0]
+    wm.add((40, "y"), b"", arrived=11.5)  # written late to raw partition 0, still in time
+    wm.on_mark(Mark(0, (41, ""), 12.0))
+    assert _keys(wm.release()) == [(40, "y"), (50, "x")] and wm.late == 0
+    assert wm.drained_at() == 10.0  # passed on as made: downstream needs no skew
+    wm.add((70, "z"), b"", arrived=13.0)
+    wm.on_mark(Mark(0, (80, ""), None))
+    wm.on_mark(Mark(1, (90, ""), None))
+    assert _keys(wm.release()) == [(70, "z")]
+
+
 def test_a_source_that_reads_again_is_not_drained_any_more() -> None:
     wm, _ = _wm()
     wm.on_mark(Mark(0, None, 100.0))

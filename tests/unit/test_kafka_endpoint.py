@@ -140,3 +140,25 @@ def test_sigusr1_logs_what_each_watermark_holds_and_what_holds_it(
     assert "2 held" in hosts and f"oldest ({library.order}, '{library.page.page_id}')" in hosts
     assert f"newest ({museum.order}," in hosts and "held back by [1]" in hosts
     assert len([x for x in lines if x.startswith("task state:")]) == 4
+
+
+def test_a_page_that_comes_after_a_later_key_went_on_is_counted_late(
+    worker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """rail went on; a page fetched before it that comes now is taken at once, counted in
+    ``neardup_late_items_total`` and in the SIGUSR1 line of its watermark."""
+    rt, ctx, _ = worker
+    early = _page("harvest", 0)
+    value = codec.encode(m.PageIn((early.order, early.page.page_id), early))
+    part = rt.tasks["part-0"]
+    before = _samples(Endpoint(rt, TOPICS, ctx.tally).render().decode())
+    assert before[("neardup_late_items_total", (("stage", "hosts"),))] == 0
+    part.step.on_records([Record("app-hosts", 0, 20, b"k", value, 99_000)], part.kv.store, Sink())
+    got = _samples(Endpoint(rt, TOPICS, ctx.tally).render().decode())
+    assert got[("neardup_late_items_total", (("stage", "hosts"),))] == 1
+    for stage in ("buckets", "decide", "order"):
+        assert got[("neardup_late_items_total", (("stage", stage),))] == 0
+    with caplog.at_level(logging.INFO, logger="neardup.kafka"):
+        log_tasks(rt)
+    (hosts,) = [r.getMessage() for r in caplog.records if "part-0 hosts" in r.getMessage()]
+    assert hosts.endswith("; 1 late")

@@ -9,6 +9,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -143,52 +144,72 @@ def test_errors_about_settings_do_not_show_the_password(monkeypatch: pytest.Monk
     assert "as user 'neardup'" in describe(settings)
 
 
+class FakeAdmin:
+    """aiokafka's admin client over a broker's topics: ``made`` holds each topic's partition
+    count. The first ``unknown_for`` describes answer every topic as not known yet (a
+    broker whose metadata lags its CreateTopics); with ``auto_create`` a described topic
+    that does not exist is made, with one partition (``auto.create.topics.enable``)."""
+
+    def __init__(self) -> None:
+        self.made: dict[str, int] = {}
+        self.unknown_for = 0
+        self.auto_create = False
+        self.described = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def list_topics(self) -> list[str]:
+        return list(self.made)
+
+    async def create_topics(self, new: list[Any]) -> object:
+        self.made.update((t.name, t.num_partitions) for t in new)
+
+        class Response:  # CreateTopics answers each topic with an error code
+            topic_errors = tuple((t.name, 0, None) for t in new)
+
+        return Response()
+
+    async def describe_topics(self, names: list[str]) -> list[dict[str, object]]:
+        self.described += 1
+        if self.described <= self.unknown_for:
+            return [{"topic": t, "error_code": 3, "partitions": []} for t in names]
+        if self.auto_create:
+            for name in names:
+                self.made.setdefault(name, 1)
+        return [
+            {"topic": t, "error_code": 0, "partitions": [0] * self.made[t]}
+            if t in self.made
+            else {"topic": t, "error_code": 3, "partitions": []}
+            for t in names
+        ]
+
+
+@pytest.fixture
+def admin(monkeypatch: pytest.MonkeyPatch) -> FakeAdmin:
+    """A ``FakeAdmin`` with no topics, which every admin client the worker makes talks to."""
+    import aiokafka.admin  # type: ignore[import-untyped]
+
+    fake = FakeAdmin()
+    monkeypatch.setattr(aiokafka.admin, "AIOKafkaAdminClient", lambda **kwargs: fake)
+    return fake
+
+
 def test_topics_created_a_moment_ago_are_awaited_not_taken_for_the_wrong_size(
-    monkeypatch: pytest.MonkeyPatch,
+    admin: FakeAdmin,
 ) -> None:
     """Seen in CI under load: right after create_topics the broker described the new
     topics with an error and no partitions, and the worker refused to start, saying
     they had the wrong number of partitions (None, not 1)."""
-
-    import aiokafka.admin  # type: ignore[import-untyped]
-
     from neardup.kafka.topics import ensure_topics
-    from neardup.settings import Settings
 
     settings = Settings(partitions=2)
-    topics = Topics.of(settings)
-    wanted = topics.partitions(2, 2)
-
-    class Admin:
-        described = 0
-
-        def __init__(self, **kwargs: object) -> None:
-            pass
-
-        async def start(self) -> None:
-            pass
-
-        async def close(self) -> None:
-            pass
-
-        async def list_topics(self) -> list[str]:
-            return []
-
-        async def create_topics(self, topics: list[aiokafka.admin.NewTopic]) -> object:
-            class Response:  # CreateTopics answers each topic with an error code
-                topic_errors = tuple((t.name, 0, None) for t in topics)
-
-            return Response()
-
-        async def describe_topics(self, topics: list[str]) -> list[dict[str, object]]:
-            Admin.described += 1
-            if Admin.described < 3:  # not yet known to the broker's metadata
-                return [{"topic": t, "error_code": 3, "partitions": []} for t in topics]
-            return [{"topic": t, "error_code": 0, "partitions": [0] * wanted[t]} for t in topics]
-
-    monkeypatch.setattr(aiokafka.admin, "AIOKafkaAdminClient", Admin)
+    admin.unknown_for = 2
     counts = asyncio.run(ensure_topics(settings, timeout_s=5))
-    assert counts == wanted and Admin.described == 3
+    assert counts == Topics.of(settings).partitions(2, 2) and admin.described == 3
 
 
 def test_a_stop_that_hangs_ends_the_worker_anyway_saying_why() -> None:
@@ -400,52 +421,88 @@ def test_another_topology_asked_for_stops_the_worker_with_what_to_do(
 
 
 def test_a_missing_raw_topic_is_created_with_neardup_partitions_not_described_first(
-    monkeypatch: pytest.MonkeyPatch,
+    admin: FakeAdmin,
 ) -> None:
     """A broker that creates topics on first use (``auto.create.topics.enable``, Kafka's
     default) makes a topic a metadata request names, with its own partition count: the raw
     topic, described before it exists, came out with one partition."""
-    import asyncio
-
-    import aiokafka.admin  # type: ignore[import-untyped]
-
     from neardup.kafka.topics import ensure_topics
 
     settings = Settings(partitions=4)
     topics = Topics.of(settings)
-    made: dict[str, int] = {}
-
-    class Admin:
-        def __init__(self, **kwargs: object) -> None:
-            pass
-
-        async def start(self) -> None:
-            pass
-
-        async def close(self) -> None:
-            pass
-
-        async def list_topics(self) -> list[str]:
-            return list(made)
-
-        async def create_topics(self, new: list[aiokafka.admin.NewTopic]) -> object:
-            made.update((t.name, t.num_partitions) for t in new)
-
-            class Response:
-                topic_errors = tuple((t.name, 0, None) for t in new)
-
-            return Response()
-
-        async def describe_topics(self, names: list[str]) -> list[dict[str, object]]:
-            for name in names:  # as such a broker does
-                made.setdefault(name, 1)
-            return [{"topic": t, "error_code": 0, "partitions": [0] * made[t]} for t in names]
-
-    monkeypatch.setattr(aiokafka.admin, "AIOKafkaAdminClient", Admin)
+    admin.auto_create = True
     counts = asyncio.run(ensure_topics(settings, timeout_s=5))
-    assert counts[topics.raw] == 4 and made[topics.raw] == 4
+    assert counts[topics.raw] == 4 and admin.made[topics.raw] == 4
     # a raw topic made before keeps its own count, and the analyse tasks follow it
-    made.clear()
-    made[topics.raw] = 3
+    admin.made.clear()
+    admin.made[topics.raw] = 3
     counts = asyncio.run(ensure_topics(settings, timeout_s=5))
     assert counts[topics.raw] == counts[topics.analyse_changelog] == 3
+
+
+def test_the_group_instance_id_is_a_setting_checked_at_start() -> None:
+    from neardup.settings import settings_problem, unknown_variables
+
+    assert Settings(group_instance_id="neardup-0").group_instance_id == "neardup-0"
+    assert Settings().group_instance_id is None
+    assert unknown_variables({"NEARDUP_GROUP_INSTANCE_ID": "neardup-0"}) == []
+    # Kafka's own rule for the name: a refusal at start, not a broker error at join
+    with pytest.raises(ValidationError) as caught:
+        Settings(group_instance_id="pod 0")
+    assert (
+        settings_problem(caught.value).splitlines()[1].startswith("  NEARDUP_GROUP_INSTANCE_ID: ")
+    )
+
+
+def _described(group: str, *members: tuple[str, str]) -> list[dict[str, Any]]:
+    """A DescribeGroups answer (``to_object`` form) with these (member id, client id)."""
+    return [
+        {
+            "groups": [
+                {
+                    "group": group,
+                    "members": [
+                        {"member_id": m, "client_id": c, "client_host": "/10.0.0.5"}
+                        for m, c in members
+                    ],
+                }
+            ]
+        }
+    ]
+
+
+def test_a_static_member_tells_its_own_place_from_one_taken_by_another_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from neardup.kafka.membership import StaticMember, holder_of
+
+    member = StaticMember("neardup", "pod-1", "127.0.0.1:1", {})
+    assert member.kwargs == {"group_instance_id": "pod-1", "client_id": "neardup-pod-1"}
+    answer = _described("neardup", ("pod-0-a", "neardup-pod-0"), ("pod-1-b", "neardup-pod-1"))
+    assert holder_of(answer, "neardup", "neardup-pod-1") == "pod-1-b"
+    assert holder_of(answer, "other", "neardup-pod-1") is None
+
+    holders = iter(["pod-1-b", "pod-1-b", "pod-1-c", None])
+
+    async def holder() -> str | None:
+        return next(holders)
+
+    monkeypatch.setattr(member, "_holder", holder)
+
+    async def run() -> list[str | None]:
+        await member.joined()  # assigned: the place is this process's, under pod-1-b
+        return [await member.replaced() for _ in range(3)]
+
+    same, taken, expired = asyncio.run(run())
+    assert same is None and expired is None  # a rebalance; the session timed out
+    assert taken is not None and "NEARDUP_GROUP_INSTANCE_ID=pod-1" in taken
+    assert "an id of its own" in taken and "\n" not in taken
+
+
+def test_a_static_member_that_cannot_ask_the_group_goes_on() -> None:
+    """No broker to ask: not known to be replaced, so the rejoin goes ahead."""
+    from neardup.kafka.membership import StaticMember
+
+    member = StaticMember("neardup", "pod-1", "127.0.0.1:1", {})
+    member.member_id = "pod-1-a"
+    assert asyncio.run(member.replaced()) is None

@@ -114,6 +114,15 @@ def test_a_fatal_error_is_one_line_that_says_what_to_do() -> None:
     other = fatal_message(RuntimeError("disk on fire"), "/s")
     assert other.startswith("fatal: the worker stopped on RuntimeError: disk on fire")
     assert "read again at the next start" in other
+    # state of another format, an instance id taken: what to do is in the error itself,
+    # and a restart alone would not help
+    from neardup.kafka.membership import InstanceFencedError
+    from neardup.kafka.taskstate import StateFormatError
+
+    for exc in (StateFormatError("task part-0: run the version that wrote it"),
+                InstanceFencedError("give each worker an id of its own")):  # fmt: skip
+        line = fatal_message(exc, "/s")
+        assert line == f"fatal: {exc}" and "read again" not in line
 
 
 def test_a_connection_error_names_the_variable_read_and_its_value(

@@ -93,6 +93,9 @@ a float64, which would print 5242880 as 5.24288e+06; whole numbers print as inte
 {{- if and (include "neardup.isSet" $s.stop_grace_s) (ge (float64 $s.stop_grace_s) (float64 .Values.terminationGracePeriodSeconds)) }}
 {{- fail (printf "settings.stop_grace_s (NEARDUP_STOP_GRACE_S, %v) must be under terminationGracePeriodSeconds (%v): the worker's own deadline has to come before Kubernetes' SIGKILL, so that it says why it stops" $s.stop_grace_s .Values.terminationGracePeriodSeconds) }}
 {{- end }}
+{{- if include "neardup.isSet" $s.group_instance_id }}
+{{- fail "settings.group_instance_id (NEARDUP_GROUP_INSTANCE_ID) is set: it would be every pod's, and pods sharing one take it from each other until all but one stop. Leave it null: with staticMembership each pod's is its own name" }}
+{{- end }}
 {{- if not (hasPrefix "/" (toString $s.state_dir)) }}
 {{- fail "settings.state_dir (NEARDUP_STATE_DIR) must be an absolute path: the state volume is mounted there" }}
 {{- end }}
