@@ -20,7 +20,8 @@ and measures, in one run:
   worker busy for the whole run) waiting in the raw topic while the broker throttles every
   producer to ``--quota-kib`` KiB/s (a client quota, ``producer_byte_rate``), for
   ``--load-minutes``: the resident memory of the worker process tree and of the worker's
-  own process, sampled every second.
+  own process, sampled every second; the bytes the worker wrote to the broker a page (its
+  internal topics and outputs: the rate the quota allows, against the rate measured).
 
 Each scenario also checks its decisions and clusters against ``neardup dedup`` on the same
 pages and prints whether they agree.
@@ -47,6 +48,7 @@ from bench.common import DATA, raw_lines
 from bench.memory import rss
 from bench.worker import copies
 from neardup.cli import main as neardup
+from tests.integration import helpers
 from tests.integration.helpers import (
     Deployment,
     LocalBroker,
@@ -214,6 +216,18 @@ def rebuild(broker: LocalBroker, tmp: Path, lines: list[bytes], pages: int) -> N
         d.close()
 
 
+def written(broker: LocalBroker, prefix: str) -> int:
+    """Bytes on the broker's disk in the topics of the run ``prefix``, its raw topic left
+    out: what the worker wrote (one replica, no compaction in a run this short)."""
+    return sum(
+        f.stat().st_size
+        for part in (broker.run_dir / "data").iterdir()
+        if part.name.startswith((f"{prefix}-", f"{prefix}.")) and ".raw-" not in part.name
+        for f in part.iterdir()
+        if f.suffix == ".log"
+    )
+
+
 def slow_downstream(
     broker: LocalBroker, tmp: Path, values: list[bytes], minutes: float, quota_kib: int
 ) -> None:
@@ -236,6 +250,10 @@ def slow_downstream(
             time.sleep(1.0)
         out = len(d.decided()) + len(d.rejects())
         elapsed = time.monotonic() - t0
+        same = "not every page out: not compared with neardup dedup"
+        if out >= len(values):
+            same = outcome(values, reference(values, tmp), d)
+        wrote = written(broker, d.names.prefix)
     finally:
         broker.config("--alter", *quota, "--delete-config", "producer_byte_rate")
         d.close()
@@ -244,7 +262,12 @@ def slow_downstream(
     later = [r for (t, *_), r in zip(samples, mib, strict=True) if t > 60]
     print(
         f"slow downstream ({quota_kib} KiB/s for every producer, {elapsed / 60:.1f} min): "
-        f"{len(values)} pages waiting, {out} out ({out / elapsed:.2f} pages/s)"
+        f"{len(values)} pages waiting, {out} out ({out / elapsed:.2f} pages/s); {same}"
+    )
+    per = wrote / max(out, 1) / 1024
+    print(
+        f"  the worker wrote {per:.1f} KiB a page to the broker: {out * per / elapsed:.0f} "
+        f"KiB/s, the quota allowing {quota_kib / per:.2f} pages/s"
     )
     print(
         f"  worker tree RSS: peak {max(mib):.0f} MiB; peak in the first minute "
@@ -275,6 +298,7 @@ def main() -> None:
     ap.add_argument("--load-minutes", type=float, default=5.0)
     ap.add_argument("--load-pages", type=int, default=0, help="default: the dev set once")
     ap.add_argument("--quota-kib", type=int, default=256)
+    ap.add_argument("--checkout", type=Path, default=None, help="run this checkout's worker")
     ap.add_argument(
         "--only",
         nargs="*",
@@ -282,6 +306,10 @@ def main() -> None:
         choices=["kill", "broker", "rebuild", "slow"],
     )
     args = ap.parse_args()
+    if args.checkout is not None:
+        # the worker runs ``python -m neardup.kafka`` in ``helpers.ROOT``, which puts that
+        # directory first on its path: the other checkout's package is the one imported
+        helpers.ROOT = args.checkout.resolve()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
 
     lines = [ln.rstrip(b"\n") for ln in raw_lines(args.data / "pages.jsonl.gz")]
