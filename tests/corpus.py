@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,6 +129,22 @@ def raw_page(
 
 def line(msg: dict[str, str]) -> str:
     return json.dumps(msg, ensure_ascii=False)
+
+
+def analysed_page(story: str, minute: int, cfg: Any) -> Any:
+    """The bundled article ``story`` as ``neardup.analysis.analyse`` makes it (an
+    ``Analysed``), fetched ``minute`` minutes into a day, from a URL named after it."""
+    from neardup.analysis import Analysed, analyse
+    from neardup.contract import parse_raw
+    from neardup.records import Rejected
+
+    url = f"https://news.example.cn/{story}.html"
+    msg = raw_page(url, ARTICLES[story], story, fetched_at=f"2026-03-01T00:{minute:02d}:00Z")
+    page = parse_raw(line(msg), cfg.max_bytes)
+    assert not isinstance(page, Rejected)
+    a = analyse(page, cfg)
+    assert isinstance(a, Analysed)
+    return a
 
 
 def in_a_process(code: str, *, hash_seed: int) -> str:

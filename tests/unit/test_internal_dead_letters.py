@@ -8,9 +8,8 @@ import json
 import math
 from typing import Any
 
-from neardup.analysis import Analysed, analyse, for_decision, page_pid
+from neardup.analysis import Analysed, for_decision, page_pid
 from neardup.config import EngineConfig
-from neardup.contract import parse_raw
 from neardup.flow import codec
 from neardup.flow import messages as m
 from neardup.flow.decide import DecideTask
@@ -21,9 +20,8 @@ from neardup.kafka.delivery import Out as Sink
 from neardup.kafka.delivery import Record
 from neardup.kafka.tasks import Context, PartStep
 from neardup.kafka.topology import Topics
-from neardup.records import Rejected
 from neardup.store import MemoryKV
-from tests.corpus import ARTICLES, line, raw_page
+from tests.corpus import analysed_page
 
 CFG = EngineConfig(extract_timeout_s=0)
 TOPICS = Topics("raw", "decisions", "merges", "rejects", "app-hosts", "app-probes",
@@ -32,12 +30,7 @@ END: m.Key = (1 << 62, "")
 
 
 def _page(story: str, minute: int) -> Analysed:
-    url = f"https://news.example.cn/{story}.html"
-    msg = raw_page(url, ARTICLES[story], story, fetched_at=f"2026-03-01T00:{minute:02d}:00Z")
-    page = parse_raw(line(msg), CFG.max_bytes)
-    assert not isinstance(page, Rejected)
-    a = analyse(page, CFG)
-    assert isinstance(a, Analysed)
+    a: Analysed = analysed_page(story, minute, CFG)
     return a
 
 

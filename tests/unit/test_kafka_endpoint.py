@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from neardup.analysis import Analysed, analyse
+from neardup.analysis import Analysed
 from neardup.config import EngineConfig
-from neardup.contract import parse_raw
 from neardup.flow import codec
 from neardup.flow import messages as m
 from neardup.kafka.delivery import Out as Sink
@@ -23,9 +22,8 @@ from neardup.kafka.endpoint import Endpoint
 from neardup.kafka.tasks import Context, CountedOrderStep, PartStep
 from neardup.kafka.taskview import log_tasks
 from neardup.kafka.topology import Topics
-from neardup.records import Rejected
 from neardup.store import MemoryKV
-from tests.corpus import ARTICLES, line, raw_page
+from tests.corpus import analysed_page
 
 CFG = EngineConfig(extract_timeout_s=0)
 TOPICS = Topics("raw", "decisions", "merges", "rejects", "app-hosts", "app-probes",
@@ -39,12 +37,7 @@ class Store(MemoryKV):
 
 
 def _page(story: str, minute: int) -> Analysed:
-    url = f"https://news.example.cn/{story}.html"
-    msg = raw_page(url, ARTICLES[story], story, fetched_at=f"2026-03-01T00:{minute:02d}:00Z")
-    page = parse_raw(line(msg), CFG.max_bytes)
-    assert not isinstance(page, Rejected)
-    a = analyse(page, CFG)
-    assert isinstance(a, Analysed)
+    a: Analysed = analysed_page(story, minute, CFG)
     return a
 
 
