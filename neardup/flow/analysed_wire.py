@@ -3,7 +3,9 @@
 The page travels without its body (no stage after analysis reads it); every other field
 of ``Analysed`` and ``Fingerprints`` goes by its type: bytes as base64, 64-bit values as
 JSON integers, which Python reads back exactly. A field the engine adds travels without
-a change here. ``analysed_from_json(analysed_to_json(a)) == a`` but for the body."""
+a change here. ``analysed_from_json(analysed_to_json(a)) == a`` but for the body. The
+topology's records (``neardup.flow.codec``) carry the fingerprints' byte strings beside
+the JSON instead, as they are (``analysed_split``, ``analysed_join``)."""
 
 from __future__ import annotations
 
@@ -52,12 +54,13 @@ def _codec(annotation: object) -> tuple[Callable[[Any], Any], Callable[[Any], An
 
 
 _FPS_FIELDS = [(f.name, *_codec(f.type)) for f in fields(Fingerprints)]
+_FPS_SCALARS = [f for f in _FPS_FIELDS if f[1] is not _b64]
 _ANALYSED_FIELDS = [
     (f.name, *_codec(f.type)) for f in fields(Analysed) if f.name not in ("page", "fps")
 ]
 
 
-def analysed_to_json(a: Analysed) -> dict[str, Any]:
+def analysed_to_json(a: Analysed, *, blobs: bool = True) -> dict[str, Any]:
     page = a.page
     out: dict[str, Any] = {
         "page_id": page.page_id,
@@ -67,11 +70,31 @@ def analysed_to_json(a: Analysed) -> dict[str, Any]:
         "site": page.site,
     }
     out.update((name, enc(getattr(a, name))) for name, enc, _ in _ANALYSED_FIELDS)
-    out["fps"] = {name: enc(getattr(a.fps, name)) for name, enc, _ in _FPS_FIELDS}
+    fields = _FPS_FIELDS if blobs else _FPS_SCALARS
+    out["fps"] = {name: enc(getattr(a.fps, name)) for name, enc, _ in fields}
     return out
 
 
-def analysed_from_json(obj: dict[str, Any]) -> Analysed:
+#: The fingerprints' byte strings, which ``analysed_split`` takes out of the JSON.
+_FPS_BLOBS = tuple(name for name, enc, _ in _FPS_FIELDS if enc is _b64)
+
+
+def analysed_split(a: Analysed) -> tuple[dict[str, Any], list[bytes]]:
+    """``analysed_to_json`` but for the fingerprints' byte strings, and those strings (in
+    ``Fingerprints`` order): sent as they are, they take a quarter less room than as
+    base64 in the JSON, and no time to encode."""
+    out = analysed_to_json(a, blobs=False)
+    return out, [getattr(a.fps, name) for name in _FPS_BLOBS]
+
+
+def analysed_join(obj: dict[str, Any], blobs: list[bytes]) -> Analysed:
+    """The page ``analysed_split`` made ``(obj, blobs)`` of; ``ValueError`` if it did not."""
+    if len(blobs) != len(_FPS_BLOBS) or not isinstance(obj.get("fps"), dict):
+        raise ValueError(f"not an analysed page: {len(blobs)} byte strings")
+    return analysed_from_json(obj, dict(zip(_FPS_BLOBS, blobs, strict=True)))
+
+
+def analysed_from_json(obj: dict[str, Any], blobs: dict[str, bytes] | None = None) -> Analysed:
     """The page ``analysed_to_json`` made; ``ValueError`` if ``obj`` is not one."""
     try:
         page = RawPage(
@@ -84,9 +107,11 @@ def analysed_from_json(obj: dict[str, Any]) -> Analysed:
         )
         fps_obj = obj["fps"]
         # a field missing from the message takes its default (refused if it has none)
-        fps = Fingerprints(
-            **{name: dec(fps_obj[name]) for name, _, dec in _FPS_FIELDS if name in fps_obj}
-        )
+        got: dict[str, Any] = {
+            name: dec(fps_obj[name]) for name, _, dec in _FPS_FIELDS if name in fps_obj
+        }
+        got.update(blobs or {})
+        fps = Fingerprints(**got)
         rest = {name: dec(obj[name]) for name, _, dec in _ANALYSED_FIELDS if name in obj}
         return Analysed(page=page, fps=fps, **rest)
     except (KeyError, TypeError, ValueError) as exc:

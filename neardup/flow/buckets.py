@@ -45,6 +45,7 @@ from neardup.flow.messages import (
     Probe,
     WireError,
 )
+from neardup.flow.storeformat import decode_stored
 from neardup.flow.watermark import ScanKV, Watermark
 from neardup.index import ENTRY, KVIndex
 
@@ -122,7 +123,7 @@ class BucketsTask:
         if isinstance(msg, Mark):
             self.watermark.on_mark(msg)
         elif isinstance(msg, Probe):
-            if not self.watermark.add(msg.key, raw, arrived):
+            if not self.watermark.add(msg.key, raw, arrived, msg):
                 self.counts["late"] += 1
         else:
             raise WireError(f"a {type(msg).__name__} does not belong on a probes partition")
@@ -131,8 +132,7 @@ class BucketsTask:
     def release(self) -> list[Out]:
         """The answers of every probe the watermark lets go now, in key order."""
         out: list[Out] = []
-        for _, raw in self.watermark.release():
-            probe = decode(raw)
+        for _, probe, _ in self.watermark.release_decoded(decode_stored):
             assert isinstance(probe, Probe)  # (only probes are held)
             answer = probe_buckets(self.index, probe)
             if self.index.retention_ms:

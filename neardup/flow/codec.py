@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from neardup.flow.analysed_wire import analysed_from_json, analysed_to_json
+from neardup.analysis import Analysed
+from neardup.flow.analysed_wire import analysed_join, analysed_split
 from neardup.flow.messages import (
     Answer,
     Edge,
@@ -34,7 +35,7 @@ from neardup.flow.messages import (
 )
 
 #: Bump when a message's layout changes; a reader refuses records of another version.
-VERSION = 1
+VERSION = 2
 
 
 # -- the records: a type's tag, the version, then its fields, each by a codec that writes
@@ -280,6 +281,89 @@ def _read_verdict(r: _Reader) -> Verdict:
     return Verdict((order, page_id), pid, kept, root, tuple(merged))
 
 
+# Probes and answers: a page's buckets, some thirty keys each (and their values), which
+# a field codec apiece would read in a Python call or three a key.
+# - Probe: key as in an edge; pid u64; page partition u32; keys (u32 count, each as u32
+#   length and bytes); entry (u32 length and bytes)
+# - Answer: key, pid; keys as in a probe; values (u32 count, each a flag, then if set as
+#   a key)
+_PID_PART = struct.Struct("<QI")
+
+
+def _write_key_pid(out: list[bytes], key: Key, pid: int) -> None:
+    text = key[1].encode("utf-8")
+    out += (_KEY_HEAD.pack(key[0], len(text)), text, _U64.pack(pid))
+
+
+def _write_blobs(out: list[bytes], blobs: tuple[bytes, ...]) -> None:
+    out.append(_U32.pack(len(blobs)))
+    for b in blobs:
+        out += (_U32.pack(len(b)), b)
+
+
+def _read_key(buf: bytes, pos: int) -> tuple[Key, int]:
+    order, n = _KEY_HEAD.unpack_from(buf, pos)
+    return (order, _text_at(buf, pos + 12, n)), pos + 12 + n
+
+
+def _read_blobs(buf: bytes, pos: int, optional: bool = False) -> tuple[tuple[Any, ...], int]:
+    (count,) = _U32.unpack_from(buf, pos)
+    pos += 4
+    size, unpack = len(buf), _U32.unpack_from
+    out: list[bytes | None] = []
+    for _ in range(count):
+        if optional:
+            flag = buf[pos]
+            pos += 1
+            if not flag:
+                out.append(None)
+                continue
+            if flag > 1:
+                raise WireError(f"a flag of {flag}")
+        (n,) = unpack(buf, pos)
+        pos += 4
+        end = pos + n
+        if end > size:
+            raise WireError(f"cut short: {n} bytes wanted at {pos} of {size}")
+        out.append(buf[pos:end])
+        pos = end
+    return tuple(out), pos
+
+
+def _write_probe(out: list[bytes], v: Probe) -> None:
+    _write_key_pid(out, v.key, v.pid)
+    out.append(_U32.pack(v.page_partition))
+    _write_blobs(out, v.keys)
+    out += (_U32.pack(len(v.entry)), v.entry)
+
+
+def _read_probe(r: _Reader) -> Probe:
+    buf = r.buf
+    key, pos = _read_key(buf, r.pos)
+    pid, part = _PID_PART.unpack_from(buf, pos)
+    keys, pos = _read_blobs(buf, pos + 12)
+    (n,) = _U32.unpack_from(buf, pos)
+    r.pos = pos + 4
+    return _new_tuple(Probe, (key, pid, part, keys, r.take(n)))
+
+
+def _write_answer(out: list[bytes], v: Answer) -> None:
+    _write_key_pid(out, v.key, v.pid)
+    _write_blobs(out, v.keys)
+    out.append(_U32.pack(len(v.values)))
+    for b in v.values:
+        out += (b"\x00",) if b is None else (b"\x01", _U32.pack(len(b)), b)
+
+
+def _read_answer(r: _Reader) -> Answer:
+    buf = r.buf
+    key, pos = _read_key(buf, r.pos)
+    (pid,) = _U64.unpack_from(buf, pos)
+    keys, pos = _read_blobs(buf, pos + 8)
+    values, r.pos = _read_blobs(buf, pos, optional=True)
+    return _new_tuple(Answer, (key, pid, keys, values))
+
+
 def _optional(c: _Codec) -> _Codec:
     def write(out: list[bytes], v: Any) -> None:
         out.append(b"\x00" if v is None else b"\x01")
@@ -327,20 +411,37 @@ KEY = _with_text(struct.Struct("<qI"))  # order, page id
 U64S = _Codec(_write_u64s, _read_u64s)
 # An analysed page goes as its JSON (``neardup.flow.analysed_wire``), which carries every
 # field of ``Analysed`` and ``Fingerprints`` by its type: a field the engine adds travels
-# with no change here. It crosses a hosts or pages partition, never the order topic.
-ANALYSED = _Codec(
-    lambda out, a: _write_bytes(out, orjson.dumps(analysed_to_json(a))),
-    lambda r: analysed_from_json(orjson.loads(_read_bytes(r))),
-)
+# with no change here. It crosses a hosts or pages partition, never the order topic. The
+# fingerprints' byte strings (most of it) follow the JSON as they are, as probe keys do.
+
+
+def _write_analysed(out: list[bytes], a: Analysed) -> None:
+    obj, blobs = analysed_split(a)
+    _write_bytes(out, orjson.dumps(obj))
+    _write_blobs(out, tuple(blobs))
+
+
+def _read_analysed(r: _Reader) -> Analysed:
+    obj = orjson.loads(_read_bytes(r))
+    blobs, r.pos = _read_blobs(r.buf, r.pos)
+    return analysed_join(obj, list(blobs))
+
+
+ANALYSED = _Codec(_write_analysed, _read_analysed)
 RECORD = _record(PageRecord, TEXT, TEXT, I64, U32, BYTES)
+#: Probes and answers by the field codecs: the bytes their own codecs must make.
+FIELD_CODECS = {
+    Probe: _record(Probe, KEY, U64, U32, _many(BYTES), BYTES),
+    Answer: _record(Answer, KEY, U64, _many(BYTES), _many(_optional(BYTES))),
+}
 
 #: Every message type; a type's tag is its place here, from 1. Never reuse a tag.
 _TYPES: list[tuple[type[Any], _Codec]] = [
     (Mark, _Codec(_write_mark, _read_mark)),
     (PageIn, _record(PageIn, KEY, ANALYSED)),
-    (Probe, _record(Probe, KEY, U64, U32, _many(BYTES), BYTES)),
-    (Answer, _record(Answer, KEY, U64, _many(BYTES), _many(_optional(BYTES)))),
-    (ToDecide, _record(ToDecide, KEY, ANALYSED, U32, RECORD, FLAG)),
+    (Probe, _Codec(_write_probe, _read_probe)),
+    (Answer, _Codec(_write_answer, _read_answer)),
+    (ToDecide, _record(ToDecide, KEY, ANALYSED, U32, FLAG)),
     (SketchAsk, _record(SketchAsk, KEY, U64, U64S)),
     (SketchReply, _record(SketchReply, KEY, U64, _many(_tuple(U64, RECORD)))),
     (Edge, _Codec(_write_edge, _read_edge)),

@@ -17,8 +17,9 @@ On every ``tick`` the task marks the order task: no edge will come from here bel
 K_p = min(W_p, the least key whose matches are not computed). Pages that wait for a
 verdict hold nothing back, or the two tasks would wait on each other.
 
-Each change of state is written to the task's store as it is made; ``DecideTask(store)``
-over the last commit resumes where that commit left off.
+Each change of state is written to the task's store as it is made (an answer or a sketch
+reply once, under a key of its own); ``DecideTask(store)`` over the last commit resumes
+where that commit left off.
 
 Retention of the records, and pages given up because a record for them could not be
 read: ``neardup.flow.upkeep``.
@@ -56,7 +57,22 @@ from neardup.flow.messages import (
     WireError,
     partition_of_pid,
 )
-from neardup.flow.pending import Pending, Sources, Stored, edge_match, match_of, name_of
+from neardup.flow.pending import (
+    ANSWER,
+    HEARD,
+    REPLY,
+    Pending,
+    Sources,
+    Stored,
+    edge_match,
+    heard_key,
+    heard_keys,
+    load_heard,
+    match_of,
+    name_of,
+    page_record,
+)
+from neardup.flow.storeformat import decode_stored
 from neardup.flow.upkeep import (
     ASK,
     HELD,
@@ -119,14 +135,14 @@ class DecideTask(Upkeep):
         msg = decode(raw)
         out: list[Out] = []
         if isinstance(msg, ToDecide):
-            if not self.watermark.add(msg.key, raw, arrived):
+            if not self.watermark.add(msg.key, raw, arrived, msg):
                 self.counts["late"] += 1
         elif isinstance(msg, Answer):
-            self._on_answer(msg, out)
+            self._on_answer(msg, raw, out)
         elif isinstance(msg, SketchAsk):
             self._serve(msg, out)
         elif isinstance(msg, SketchReply):
-            self._on_reply(msg, out)
+            self._on_reply(msg, raw, out)
         elif isinstance(msg, Verdict):
             self._on_verdict(msg, out)
         elif isinstance(msg, Mark) and msg.source == ORDER_SOURCE:
@@ -145,9 +161,8 @@ class DecideTask(Upkeep):
         """Take the pages the watermark lets go: in key order, so that of two pages with
         one id (from two hosts tasks, which keep no order between them) the earlier is
         the first, as in ``neardup dedup``."""
-        for _, raw in self.watermark.release():
-            m = decode(raw)
-            assert isinstance(m, ToDecide)  # (only pages are held)
+        for _, m, raw in self.watermark.release_decoded(decode_stored, payloads=True):
+            assert isinstance(m, ToDecide) and raw is not None  # (only pages are held)
             self._on_page(m, raw, out)
         self.watermark.flush()  # what is still held, into the store before the commit
 
@@ -180,14 +195,14 @@ class DecideTask(Upkeep):
         stored = self._record(pid)
         if pid in self.lost:
             if stored is None:  # (the pages that find it read its record)
-                self._put_record(pid, Stored(m.record, b""), out)
+                self._put_record(pid, Stored(page_record(m.analysed), b""), out)
             page = self.pages.setdefault(m.key, Pending())
             page.todo = m
             self.give_up(m.key, page, "its id was given up before", out)
             return
         if stored is None:
             self._note(pid, m.key[0])
-            self._put_record(pid, Stored(m.record, b""), out)
+            self._put_record(pid, Stored(page_record(m.analysed), b""), out)
             page = self.pages.setdefault(m.key, Pending())
             page.todo = m
             self.store.put_many([(TODO + key_bytes(m.key), raw)])
@@ -199,7 +214,8 @@ class DecideTask(Upkeep):
         if m.probes:  # (its hosts task took it for a new page: see ``Pending.drop``)
             mine = self.pages.setdefault(m.key, Pending())
             if mine.todo is None:  # the answers here are its own
-                mine.drop, mine.answers = m.probes - len(mine.answers), []
+                mine.drop = m.probes - len(mine.answers)
+                self._forget(m.key, mine)
             else:  # the first page has the same key: their answers differ by count only
                 mine.drop += m.probes
             self._save(m.key, mine)
@@ -224,7 +240,7 @@ class DecideTask(Upkeep):
             )
         out.append(Out(DECISIONS, None, m.key[1].encode(), decision))
 
-    def _on_answer(self, m: Answer, out: list[Out]) -> None:
+    def _on_answer(self, m: Answer, raw: bytes, out: list[Out]) -> None:
         if m.key[0] == LOST_ORDER:
             self.on_lost(m.key[1], out)
             return
@@ -234,16 +250,24 @@ class DecideTask(Upkeep):
         if page.drop:
             page.drop -= 1
         else:
+            self.store.put_many([(heard_key(m.key, ANSWER, len(page.answers)), raw)])
             page.answers.append(m)
         self._save(m.key, page)
         self._advance(m.key, page, out)
 
     def _save(self, key: Key, page: Pending) -> None:
+        """Write what ``page`` holds but its answers and replies (each written as it
+        comes: ``heard_key``), or delete it when it holds nothing."""
         if page.todo is None and not page.drop and not page.answers:
             del self.pages[key]
             self.store.delete_many([PROGRESS + key_bytes(key)])
         else:
             self.store.put_many([(PROGRESS + key_bytes(key), page.pack())])
+
+    def _forget(self, key: Key, page: Pending) -> None:
+        """Drop the answers and replies ``page`` holds."""
+        self.store.delete_many(heard_keys(key, page))
+        page.answers, page.replies = [], []
 
     def _lookup(self, page: Pending) -> Lookup:
         """The engine's lookup, over the buckets' values as the answers gave them."""
@@ -303,26 +327,27 @@ class DecideTask(Upkeep):
         reply = SketchReply(ask.asker, ask.asker_pid, records)
         home = partition_of_pid(ask.asker_pid, self.partitions)
         if home == self.partition:
-            self._on_reply(reply, out)
+            self._on_reply(reply, None, out)
         else:
             out.append(Out(PAGES, home, ask.asker[1].encode(), encode(reply)))
 
-    def _on_reply(self, m: SketchReply, out: list[Out]) -> None:
+    def _on_reply(self, m: SketchReply, raw: bytes | None, out: list[Out]) -> None:
         page = self.pages.get(m.asker)
         if page is None or page.todo is None or page.asked is None:
             if m.asker_pid in self.lost:  # (its page was given up)
                 return
             raise WireError(f"a sketch reply for page {m.asker}, which asked for none")
-        page.replies.append(m)
-        if len(page.replies) < page.asked:
-            self._save(m.asker, page)
+        if len(page.replies) + 1 < page.asked:
+            at = heard_key(m.asker, REPLY, len(page.replies))
+            self.store.put_many([(at, encode(m) if raw is None else raw)])
+            page.replies.append(m)
             return
-        a = page.todo.analysed
-        records = {pid: r for reply in page.replies for pid, r in reply.records}
+        a = page.todo.analysed  # (the last reply is used at once: never written)
+        records = {pid: r for reply in (*page.replies, m) for pid, r in reply.records}
         sketches = {pid: (r.shingles, r.sketch) for pid, r in records.items()}
         cands = page_candidates(a, self._lookup(page), self.cfg)
         found = page_matches(a, cands, sketches, self.cfg)
-        page.answers, page.replies = [], []
+        self._forget(m.asker, page)
         if not found.verified:
             self._decide(m.asker, page, None, (), out)
             return
@@ -397,6 +422,7 @@ class DecideTask(Upkeep):
         self.counts["merges"] += len(roots[1:])
         del self.pages[key]
         self.store.delete_many([TODO + key_bytes(key), PROGRESS + key_bytes(key)])
+        self._forget(key, page)
         if page.drop:  # a repeat of the same key has answers still to come
             self.pages[key] = Pending(drop=page.drop)
             self._save(key, self.pages[key])
@@ -419,13 +445,14 @@ class DecideTask(Upkeep):
         self.load_upkeep()
         self.pages, self.repeats, self.asks, self.missing = {}, {}, {}, {}
         msgs = {
-            p: [(k[1:], decode(v)) for k, v in self.store.scan(p)]
+            p: [(k[1:], decode_stored(v)) for k, v in self.store.scan(p)]
             for p in (TODO, REPEAT, ASK, MARK)
         }
         todos = {key_from_bytes(k): m for k, m in msgs[TODO] if isinstance(m, ToDecide)}
+        heard = load_heard(self.store.scan(HEARD))
         for k, v in self.store.scan(PROGRESS):
             key = key_from_bytes(k[1:])
-            self.pages[key] = Pending.unpack(todos.pop(key, None), v)
+            self.pages[key] = Pending.unpack(todos.pop(key, None), v, *heard.get(key, ([], [])))
         for key, todo in todos.items():
             self.pages[key] = Pending(todo)
         for _, m in msgs[REPEAT]:  # (in the order they came: the keys sort so)

@@ -12,8 +12,8 @@ takes them in key order, so that each host's template counts see its pages in th
   template text; then one ``Probe`` goes to each probes partition that owns some of the
   page's buckets (``KVIndex.keys``), except for a template-only page, which is neither
   looked up nor added;
-* and the page goes to its decide task (``ToDecide``: what the decision reads, how many
-  answers to expect, and the record later pages verify against).
+* and the page goes to its decide task (``ToDecide``: what the decision reads, from which
+  it takes the record later pages verify against, and how many answers to expect).
 
 ``tick``, at the end of every step the runtime commits, marks every probes and pages
 partition: nothing more from this task below its frontier.
@@ -39,7 +39,6 @@ import numpy as np
 
 from neardup.analysis import Analysed, for_decision
 from neardup.config import EngineConfig
-from neardup.facts import with_facts
 from neardup.flow.codec import decode, encode
 from neardup.flow.messages import (
     PAGES,
@@ -47,13 +46,13 @@ from neardup.flow.messages import (
     Mark,
     Out,
     PageIn,
-    PageRecord,
     Probe,
     ToDecide,
     WireError,
     partition_of_bucket,
     partition_of_pid,
 )
+from neardup.flow.storeformat import decode_stored
 from neardup.flow.watermark import ScanKV, Watermark
 from neardup.index import KVIndex, make_entry
 from neardup.steps import host_step
@@ -63,13 +62,6 @@ from neardup.template import TemplateFilter
 #: Where the pages waiting for the watermark are kept in the task's store (the template
 #: counts' keys start with a letter).
 PREFIX = b"\x01h"
-
-
-def page_record(a: Analysed) -> PageRecord:
-    """What later pages read of ``a`` (its fingerprints after the host step): its sketch
-    with its facts, as the engine's index keeps them (``KVIndex.sketch_value``)."""
-    sketch = with_facts(a.fps.sketch, a.fps.facts)
-    return PageRecord(a.page.page_id, a.page.url, a.order, a.fps.shingles, sketch)
 
 
 def bucket_keys(index: KVIndex, a: Analysed) -> list[bytes]:
@@ -123,7 +115,7 @@ class HostsTask:
         if isinstance(msg, Mark):
             self.watermark.on_mark(msg)
         elif isinstance(msg, PageIn):
-            if not self.watermark.add(msg.key, raw, arrived):
+            if not self.watermark.add(msg.key, raw, arrived, msg):
                 self.counts["late"] += 1
         else:
             raise WireError(f"a {type(msg).__name__} does not belong on a hosts partition")
@@ -132,8 +124,7 @@ class HostsTask:
     def release(self) -> list[Out]:
         """The records of every page the watermark lets go now, in key order."""
         out: list[Out] = []
-        for _, raw in self.watermark.release():
-            msg = decode(raw)
+        for _, msg, _ in self.watermark.release_decoded(decode_stored):
             assert isinstance(msg, PageIn)  # (only pages are held)
             self._page(msg, out)
         self.watermark.flush()  # what is still held, into the store before the commit
@@ -171,7 +162,7 @@ class HostsTask:
         self.counts["pages"] += 1
         if self.templates.seen(a.host, a.pid, a.order):
             self.counts["repeats"] += 1
-            todo = ToDecide(msg.key, for_decision(a), 0, page_record(a), True)
+            todo = ToDecide(msg.key, for_decision(a), 0, True)
             out.append(Out(PAGES, part, name, encode(todo)))
             return
         a, dropped = host_step(a, self.templates, self.cfg)
@@ -183,7 +174,7 @@ class HostsTask:
         else:
             for k in bucket_keys(self.index, a):
                 probes.setdefault(partition_of_bucket(k, self.partitions), []).append(k)
-        todo = ToDecide(msg.key, for_decision(a), len(probes), page_record(a), False)
+        todo = ToDecide(msg.key, for_decision(a), len(probes), False)
         out.append(Out(PAGES, part, name, encode(todo)))
         if probes:
             entry = np.asarray(make_entry(a.pid, a.fps, a.order)).tobytes()

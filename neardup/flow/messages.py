@@ -72,12 +72,13 @@ class PageRecord(NamedTuple):
 
 class ToDecide(NamedTuple):
     """A page for decision (``for_decision`` of the host step's page), the number of
-    answers to expect, its record, and whether its hosts task had seen it before."""
+    answers to expect, and whether its hosts task had seen it before. Its record is
+    ``neardup.flow.pending.page_record`` of ``analysed``: the sketch is most of both, so
+    it travels once."""
 
     key: Key
     analysed: Analysed
     probes: int
-    record: PageRecord
     repeat: bool
 
 

@@ -40,6 +40,7 @@ from neardup.flow.messages import (
     WireError,
     partition_of_pid,
 )
+from neardup.flow.storeformat import decode_stored
 from neardup.flow.watermark import Store, Watermark
 from neardup.steps import cluster_step
 
@@ -281,7 +282,7 @@ class OrderTask:
         first, at once)."""
         out = []
         for key, raw in self.edges.release():
-            edge = self._held.pop(key, None) or decode(raw)
+            edge = self._held.pop(key, None) or decode_stored(raw)
             if not isinstance(edge, Edge):
                 raise WireError(f"the order task holds a {type(edge).__name__}, not an edge")
             out.append(self.verdict(edge))

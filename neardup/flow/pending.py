@@ -1,5 +1,7 @@
 """What a decide task keeps (``neardup.flow.decide``): page records with their decisions,
-what has come so far for a page not decided yet, and the hosts tasks' marks. Values are
+what has come so far for a page not decided yet (each answer and sketch reply under a key
+of its own, as it came: a page's held messages are written once, not again with each
+one that comes), and the hosts tasks' marks. Values are
 packed for the task's store; messages inside them keep their wire encoding. Their layout
 is part of the store's format (``neardup.flow.storeformat``): a change to it bumps that.
 A stored value that does not unpack is ``StateError``, which stops the worker: replaying
@@ -9,28 +11,39 @@ from __future__ import annotations
 
 import itertools
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from neardup.analysis import Analysed
 from neardup.decide import Kind, Match
+from neardup.facts import with_facts
 from neardup.flow.codec import decode, encode
 from neardup.flow.messages import (
     Answer,
     Edge,
     EdgeMatch,
+    Key,
     Mark,
     PageRecord,
     SketchReply,
     ToDecide,
     WireError,
 )
-from neardup.flow.storeformat import current, describe
+from neardup.flow.storeformat import unreadable
+from neardup.flow.watermark import key_bytes, key_from_bytes
 from neardup.store import StateError
 
 _REC_HEAD = struct.Struct("<qqIIII")  # order, touched, shingles; page id, url, sketch lengths
 _PAGE_HEAD = struct.Struct("<iII?")  # replies to expect (-1: not asked), answers to drop,
-# answers and replies held, an edge sent (then its Edge and a SketchReply of names)
+# messages after it, an edge sent (then its Edge and a SketchReply of names)
 _U32 = struct.Struct("<I")
+
+#: Where a page's answers and sketch replies are kept: ``heard_key``.
+HEARD = b"N"
+#: A held message's kind, after its page's key.
+ANSWER, REPLY = b"a", b"r"
+_N = struct.Struct(">I")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +79,7 @@ class Stored:
             page_id, url, sketch = (raw[a:b] for a, b in itertools.pairwise(cuts))
             record = PageRecord(page_id.decode(), url.decode(), order, shingles, sketch)
         except (struct.error, ValueError) as exc:
-            raise _unreadable("page record", raw, exc) from exc
+            raise unreadable("page record", raw, exc) from exc
         return cls(record, raw[cuts[-1] :], None if touched == order else touched)
 
 
@@ -91,7 +104,8 @@ class Pending:
         return self.edge is None and not (self.todo is None and self.drop)
 
     def pack(self) -> bytes:
-        msgs: list[Any] = [*self.answers, *self.replies]
+        """All but its answers and replies (``heard_key``)."""
+        msgs: list[Any] = []
         if self.edge is not None:
             msgs += [self.edge, SketchReply(self.edge.key, self.edge.pid, (*self.names.items(),))]
         asked = -1 if self.asked is None else self.asked
@@ -101,7 +115,15 @@ class Pending:
         return b"".join(parts)
 
     @classmethod
-    def unpack(cls, todo: ToDecide | None, raw: bytes) -> Pending:
+    def unpack(
+        cls,
+        todo: ToDecide | None,
+        raw: bytes,
+        answers: Sequence[bytes] = (),
+        replies: Sequence[bytes] = (),
+    ) -> Pending:
+        """The page ``pack`` made ``raw`` of, with the records of its answers and replies
+        (``load_heard``)."""
         try:
             asked, drop, n, has_edge = _PAGE_HEAD.unpack_from(raw)
             msgs, at = [], _PAGE_HEAD.size
@@ -112,23 +134,46 @@ class Pending:
             if at != len(raw):
                 raise ValueError(f"{len(raw) - at} bytes after {n} messages")
             page = cls(todo, asked=None if asked < 0 else asked, drop=drop)
+            msgs += [decode(r) for r in (*answers, *replies)]
             if has_edge:
-                *msgs, edge, names = msgs
+                edge, names, *msgs = msgs
                 if not (isinstance(edge, Edge) and isinstance(names, SketchReply)):
                     raise ValueError("no edge and names where its flag says")
                 page.edge, page.names = edge, dict(names.records)
         except (struct.error, ValueError) as exc:  # (WireError is a ValueError)
-            raise _unreadable("pending page", raw, exc) from exc
+            raise unreadable("pending page", raw, exc) from exc
         page.answers = [m for m in msgs if isinstance(m, Answer)]
         page.replies = [m for m in msgs if isinstance(m, SketchReply)]
         return page
 
 
-def _unreadable(what: str, raw: bytes, exc: Exception) -> StateError:
-    return StateError(
-        f"a stored {what} of {len(raw)} bytes does not unpack ({exc}): the task's store is "
-        f"damaged, or not of this version's {describe(current())} (docs/kafka.md, Upgrading)"
-    )
+def heard_key(key: Key, kind: bytes, n: int) -> bytes:
+    """Where page ``key``'s ``n``-th answer (``kind`` ``ANSWER``) or sketch reply
+    (``REPLY``) is kept."""
+    return HEARD + key_bytes(key) + kind + _N.pack(n)
+
+
+def heard_keys(key: Key, page: Pending) -> list[bytes]:
+    """Where ``page``'s answers and replies are kept."""
+    return [heard_key(key, ANSWER, n) for n in range(len(page.answers))] + [
+        heard_key(key, REPLY, n) for n in range(len(page.replies))
+    ]
+
+
+def load_heard(
+    items: Iterable[tuple[bytes, bytes]],
+) -> dict[Key, tuple[list[bytes], list[bytes]]]:
+    """The records of the answers and replies kept under ``HEARD`` (a scan, in key
+    order), by page: (answers, replies), each in the order they came."""
+    out: dict[Key, tuple[list[bytes], list[bytes]]] = {}
+    tail = 1 + _N.size
+    for k, v in items:
+        key, kind = key_from_bytes(k[len(HEARD) : -tail]), k[-tail : -_N.size]
+        answers, replies = out.setdefault(key, ([], []))
+        if kind not in (ANSWER, REPLY):
+            raise StateError(f"a held message of kind {kind!r} under page {key}")
+        (answers if kind == ANSWER else replies).append(v)
+    return out
 
 
 class Sources:
@@ -161,6 +206,13 @@ def edge_match(m: Match, page_id: str) -> EdgeMatch:
 
 def match_of(m: EdgeMatch) -> Match:
     return Match(m.pid, Kind(m.kind), m.distance, m.similarity, m.order, m.by_simhash, m.share)
+
+
+def page_record(a: Analysed) -> PageRecord:
+    """What later pages read of ``a`` (its fingerprints after the host step): its sketch
+    with its facts, as the engine's index keeps them (``KVIndex.sketch_value``)."""
+    sketch = with_facts(a.fps.sketch, a.fps.facts)
+    return PageRecord(a.page.page_id, a.page.url, a.order, a.fps.shingles, sketch)
 
 
 def name_of(r: PageRecord) -> PageRecord:

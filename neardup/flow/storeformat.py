@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from neardup import __version__
 from neardup.flow import codec
+from neardup.flow.messages import WireError
+from neardup.store import StateError
 
 #: Bump when what a stage keeps in its task store changes so that one side would misread
 #: the other's: a key's or a value's byte layout (``pending.Stored`` and ``Pending``, a
@@ -17,7 +20,7 @@ from neardup.flow import codec
 #: something else, or a key that now holds what another held. A new key that older
 #: versions never read needs no bump. Messages kept in a store keep their wire encoding,
 #: so a bump of ``codec.VERSION`` changes the format by itself (``current``).
-STATE_FORMAT = 1
+STATE_FORMAT = 2
 
 
 def current() -> dict[str, int]:
@@ -52,3 +55,21 @@ def describe(found: Mapping[str, object] | None) -> str:
     if found.get("written_by"):
         text += f", written by neardup {found['written_by']}"
     return text
+
+
+def unreadable(what: str, raw: bytes, exc: Exception) -> StateError:
+    """A stored value that does not unpack: replayed, a step would meet it again, so the
+    worker stops, saying so."""
+    return StateError(
+        f"a stored {what} of {len(raw)} bytes does not unpack ({exc}): the task's store is "
+        f"damaged, or not of this version's {describe(current())} (docs/kafka.md, Upgrading)"
+    )
+
+
+def decode_stored(raw: bytes) -> Any:
+    """A message a task kept in its store; one that does not decode is ``StateError``,
+    not the ``WireError`` of a record that goes to the dead-letter topic."""
+    try:
+        return codec.decode(raw)
+    except WireError as exc:
+        raise unreadable("message", raw, exc) from exc

@@ -42,7 +42,7 @@ from neardup.flow.messages import (
     ToDecide,
     partition_of_pid,
 )
-from neardup.flow.pending import Pending, Stored
+from neardup.flow.pending import Pending, Stored, heard_keys
 from neardup.flow.watermark import Store, key_bytes
 from neardup.records import Reason, Rejected
 
@@ -50,6 +50,7 @@ from neardup.records import Reason, Rejected
 RECORD = b"R"  # + pid (8) -> the page's record and its decision (``Stored``)
 TODO = b"P"  # + key -> the ToDecide of a page not decided yet
 PROGRESS = b"G"  # + key -> what came for a page not decided yet (``Pending.pack``)
+# HEARD (``pending.heard_key``): + key + kind + n (4) -> its nth answer or sketch reply
 REPEAT = b"W"  # + pid (8) + n (4) -> the nth page of an id whose first is not decided yet
 ASK = b"Q"  # + key of the asker -> a SketchAsk waiting for records here
 MARK = b"M"  # + source (4) -> its latest Mark
@@ -188,7 +189,8 @@ class Upkeep:
         todo = page.todo if page is not None else None
         if page is not None:
             del self.pages[key]
-            self.store.delete_many([TODO + key_bytes(key), PROGRESS + key_bytes(key)])
+            kb = key_bytes(key)
+            self.store.delete_many([TODO + kb, PROGRESS + kb, *heard_keys(key, page)])
         url = todo.analysed.page.url if todo is not None else None
         out.append(dead_letter(key[1], url, f"page {key[1]} given up: {why}"))
         self.counts["given_up"] += 1

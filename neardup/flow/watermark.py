@@ -38,8 +38,11 @@ outputs, state and input offsets commit together, so there are no offsets, redel
 or skipped messages to account for here.
 
 State lives in the task's store, under a prefix: each source's latest mark, the greatest
-key released, and each pending item with its payload. The object keeps a copy in memory;
-after a step is aborted, ``load`` it again from the store.
+key released, and each pending item with its payload. The object keeps a copy in memory
+(but the payloads); after a step is aborted, ``load`` it again from the store. An item may
+be added with its payload decoded already: the object keeps that message (for up to
+``cached`` items) and gives it back at release, so that a stage decodes an item once,
+not again when it goes on; an item restored by ``load`` is decoded at release.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from neardup.flow.messages import Key, Mark
 from neardup.store import KV
@@ -60,6 +63,10 @@ _SOURCE = struct.Struct("<Bqd")  # flags, frontier's order, drained_at (then the
 _HAS_FRONTIER, _HAS_DRAINED = 1, 2
 _SEQ = struct.Struct(">Q")  # an item's arrival number, after its key
 _ARRIVED = struct.Struct("<d")  # an item's arrival time, before its payload
+T = TypeVar("T")
+#: Decoded items kept in memory at most: a bound on what a long wait can hold there (the
+#: payloads of the items beyond it are read back from the store and decoded at release).
+CACHED = 1024
 
 
 class Store(Protocol):
@@ -79,6 +86,10 @@ class ScanKV(KV, Protocol):
     """A task's whole store, as the hosts task's template filter needs it too."""
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+
+
+def _raw(payload: bytes) -> bytes:
+    return payload
 
 
 def key_bytes(key: Key) -> bytes:
@@ -130,8 +141,10 @@ class Watermark:
         clock: Callable[[], float] = time.time,
         *,
         skew: float = 0.0,
+        cached: int = CACHED,
     ) -> None:
         self.store = store
+        self.cached = cached
         self.prefix = prefix
         self.sources = sources
         #: Seconds before a drained mark was made after which it no longer vouches for
@@ -151,6 +164,8 @@ class Watermark:
         #: Items added since the last ``flush``, not in the store yet: one released before
         #: then never reaches it (no write, no delete, no changelog record).
         self._fresh: dict[tuple[Key, int], bytes] = {}
+        #: The messages of held items that came decoded (at most ``cached``).
+        self._msgs: dict[tuple[Key, int], Any] = {}
         self._next = 0
         #: The greatest key released in order.
         self.released: Key | None = None
@@ -177,7 +192,7 @@ class Watermark:
         self.released = key_from_bytes(raw) if raw else None
         self._w = self._compute_w()
         self._heap, self._late, self._arrived, self._next = [], [], {}, 0
-        self._fresh = {}
+        self._fresh, self._msgs = {}, {}
         at = len(self.prefix) + 1
         for k, v in self.store.scan(self.prefix + b"p"):
             item = (key_from_bytes(k[at : -_SEQ.size]), _SEQ.unpack(k[-_SEQ.size :])[0])
@@ -210,15 +225,18 @@ class Watermark:
             self.store.put_many([(self._mark_key(mark.source), new.to_bytes())])
             self._w = self._compute_w()
 
-    def add(self, key: Key, payload: bytes, arrived: float = -math.inf) -> bool:
+    def add(self, key: Key, payload: bytes, arrived: float = -math.inf, msg: object = None) -> bool:
         """Hold an item (its payload kept in the store until released), which reached this
         partition at ``arrived`` (its record's timestamp, Unix seconds; -inf: before any
-        mark). False if it is late (not above the greatest key released): ``release``
+        mark); ``msg``: the payload decoded, if it was (``release_decoded`` gives it
+        back). False if it is late (not above the greatest key released): ``release``
         gives it at once."""
         item = (key, self._next)
         self._next += 1
         self._arrived[item] = arrived
         self._fresh[item] = _ARRIVED.pack(arrived) + payload
+        if msg is not None and len(self._msgs) < self.cached:
+            self._msgs[item] = msg
         return self._queue(item)
 
     def flush(self) -> None:
@@ -286,6 +304,18 @@ class Watermark:
     def release(self) -> list[tuple[Key, bytes]]:
         """The items that may go on now, with their payloads: late ones first, in arrival
         order, then the others in key order (ties in arrival order)."""
+        out = []
+        for key, _, payload in self.release_decoded(_raw, payloads=True):
+            assert payload is not None  # (asked for)
+            out.append((key, payload))
+        return out
+
+    def release_decoded(
+        self, decode: Callable[[bytes], T], *, payloads: bool = False
+    ) -> list[tuple[Key, T, bytes | None]]:
+        """The items ``release`` gives, each with its message (as ``add`` was given it,
+        else ``decode`` of its payload) and its payload: if ``payloads``, or if it was at
+        hand (else None: not read back from the store)."""
         items, self._late = self._late, []
         self.late += len(items)
         heap, w = self._heap, self._w
@@ -295,18 +325,28 @@ class Watermark:
             items.append(heapq.heappop(heap))
         if not items:
             return []
-        stored = [i for i in items if i not in self._fresh]
-        keys = [self._item_key(i) for i in stored]
-        found = dict(zip(stored, self.store.get_many(keys), strict=True)) if keys else {}
-        if keys:
+        fresh, msgs = self._fresh, self._msgs
+        stored = [i for i in items if i not in fresh]
+        if stored:
+            keys = [self._item_key(i) for i in stored]
+            wanted = [k for i, k in zip(stored, keys, strict=True) if payloads or i not in msgs]
+            found = dict(zip(wanted, self.store.get_many(wanted), strict=True)) if wanted else {}
             self.store.delete_many(keys)
-        values = [self._fresh.pop(i) if i in self._fresh else found[i] for i in items]
-        out = []
-        for item, value in zip(items, values, strict=True):
+        out: list[tuple[Key, T, bytes | None]] = []
+        for item in items:
             del self._arrived[item]
-            if value is None:
-                raise RuntimeError(f"pending item {item[0]} is missing from the store")
-            out.append((item[0], value[_ARRIVED.size :]))
+            value = fresh.pop(item, None)
+            if value is None and (payloads or item not in msgs):
+                value = found[self._item_key(item)]
+                if value is None:
+                    raise RuntimeError(f"pending item {item[0]} is missing from the store")
+            payload = None if value is None else value[_ARRIVED.size :]
+            if item in msgs:
+                msg = msgs.pop(item)
+            else:
+                assert payload is not None  # (read back: not kept decoded)
+                msg = decode(payload)
+            out.append((item[0], msg, payload))
         last = items[-1][0]
         if self.released is None or last > self.released:
             self.released = last

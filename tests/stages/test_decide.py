@@ -4,7 +4,7 @@ come, page ids seen again, its marks, and a task rebuilt from its store at any r
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 import numpy as np
@@ -18,7 +18,7 @@ from neardup.engine import Engine
 from neardup.flow.buckets import probe_buckets
 from neardup.flow.codec import decode, encode
 from neardup.flow.decide import DECISIONS, MERGES, DecideTask
-from neardup.flow.hosts import bucket_keys, page_record
+from neardup.flow.hosts import bucket_keys
 from neardup.flow.messages import (
     ORDER,
     PAGES,
@@ -36,6 +36,8 @@ from neardup.flow.messages import (
     WireError,
     partition_of_pid,
 )
+from neardup.flow.pending import HEARD, page_record
+from neardup.flow.upkeep import PROGRESS
 from neardup.index import KVIndex, make_entry
 from neardup.records import Rejected
 from neardup.store import MemoryKV
@@ -61,7 +63,7 @@ def _key(a: Analysed) -> Key:
 
 
 def _todo(a: Analysed, probes: int = 1, *, repeat: bool = False) -> ToDecide:
-    return ToDecide(_key(a), for_decision(a), probes, page_record(a), repeat)
+    return ToDecide(_key(a), for_decision(a), probes, repeat)
 
 
 class Index:
@@ -178,7 +180,7 @@ def test_a_page_id_seen_again_waits_for_its_first_decision_and_gets_it_byte_for_
     assert one == two == three
     page = replace(other.page, page_id=first.page.page_id, url=first.page.url)
     mixed = replace(other, page=page, pid=first.pid, order=later.order)
-    conflict = ToDecide(_key(later), for_decision(mixed), 0, page_record(mixed), False)
+    conflict = ToDecide(_key(later), for_decision(mixed), 0, False)
     again = _feed(task, [conflict, *[index.answer(later)] * 2])
     assert [o.value for o in again] == [one] and task.counts["conflicts"] == 1
     assert not task.pages  # the repeat's answers decide nothing and hold nothing back
@@ -257,3 +259,40 @@ def test_a_record_that_belongs_elsewhere_is_refused() -> None:
         task.step(b"\x07")
     with pytest.raises(WireError):
         task.step(encode(Probe((1, "a"), 1, 0, (), b"")))
+
+
+class _Writes(MemoryKV):
+    """A store that keeps every value written, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.puts: list[tuple[bytes, bytes]] = []
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        items = list(items)
+        self.puts += items
+        super().put_many(items)
+
+
+def test_each_answer_is_written_once_and_a_rebuilt_task_resumes_from_them(
+    rail: tuple[Analysed, Analysed, Analysed],
+) -> None:
+    page = rail[2]
+    whole = Index().answer(page)
+    n = len(whole.keys)
+    cuts = [(0, n // 3), (n // 3, 2 * n // 3), (2 * n // 3, n)]
+    parts = [Answer(whole.key, whole.pid, whole.keys[a:b], whole.values[a:b]) for a, b in cuts]
+    one = DecideTask(MemoryKV(), CFG, 0, 1)
+    want = _decisions(_feed(one, [_todo(page, 3), Mark(0, END, None), *parts]))
+    store = _Writes()
+    task = DecideTask(store, CFG, 0, 1)
+    _feed(task, [_todo(page, 3), Mark(0, END, None), *parts[:2]])
+    written = [v for k, v in store.puts if k.startswith(HEARD)]
+    assert written == [encode(p) for p in parts[:2]]  # each once, as it came
+    progress = {len(v) for k, v in store.puts if k.startswith(PROGRESS)}
+    assert len(progress) == 1  # what else is kept of the page does not grow with them
+    again = DecideTask(store, CFG, 0, 1)  # from the store alone
+    assert again.pages[_key(page)].answers == parts[:2]
+    got = _decisions(_feed(again, [parts[2]]))
+    assert [d["decision"] for d in got] == [d["decision"] for d in want] == ["unique"]
+    assert list(store.scan(HEARD)) == []  # decided: its answers are gone

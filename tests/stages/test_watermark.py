@@ -326,3 +326,33 @@ def test_a_later_mark_that_is_not_drained_takes_back_nothing_an_earlier_one_vouc
     wm.add((9, "b"), b"y", arrived=9.0)
     wm.on_mark(Mark(0, (6, ""), None))
     assert wm.release() == []
+
+
+def test_an_item_added_decoded_is_not_decoded_again_but_one_restored_is() -> None:
+    wm, kv = _wm(1, cached=2)
+    decoded: list[bytes] = []
+
+    def decode(raw: bytes) -> str:
+        decoded.append(raw)
+        return raw.decode()
+
+    for name in "abc":  # the third is beyond the two kept decoded
+        wm.add((10, name), name.upper().encode(), msg=f"msg {name}")
+    wm.on_mark(Mark(0, (10, "b"), None))
+    assert wm.release_decoded(decode) == [((10, "a"), "msg a", b"A")]  # (at hand: fresh)
+    wm.flush()  # b and c into the store
+    wm.on_mark(Mark(0, (11, ""), None))
+    # b comes back as it was given, its payload not read back; c is decoded from the store
+    assert wm.release_decoded(decode) == [((10, "b"), "msg b", None), ((10, "c"), "C", b"C")]
+    assert decoded == [b"C"] and list(kv.scan(b"wp")) == []
+
+
+def test_items_restored_by_load_are_decoded_at_release() -> None:
+    wm, kv = _wm(1)
+    wm.add((10, "a"), b"A", msg="kept in memory only")
+    wm.flush()
+    again = Watermark(kv, b"w", 1)
+    again.load()
+    again.on_mark(Mark(0, (11, ""), None))
+    assert again.release_decoded(bytes.decode) == [((10, "a"), "A", b"A")]
+    assert list(kv.scan(b"wp")) == []

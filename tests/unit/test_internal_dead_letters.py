@@ -13,7 +13,6 @@ from neardup.config import EngineConfig
 from neardup.flow import codec
 from neardup.flow import messages as m
 from neardup.flow.decide import DecideTask
-from neardup.flow.hosts import page_record
 from neardup.flow.upkeep import LOST_ORDER, lost_notice
 from neardup.flow.watermark import key_bytes
 from neardup.kafka.delivery import Out as Sink
@@ -80,8 +79,8 @@ def test_a_page_whose_answer_was_lost_is_given_up_and_holds_nothing_back() -> No
     a, b = _page("rail", 1), _page("library", 2)
     out: list[m.Out] = []
     for todo in (
-        m.ToDecide((a.order, a.page.page_id), for_decision(a), 2, page_record(a), False),
-        m.ToDecide((b.order, b.page.page_id), for_decision(b), 0, page_record(b), False),
+        m.ToDecide((a.order, a.page.page_id), for_decision(a), 2, False),
+        m.ToDecide((b.order, b.page.page_id), for_decision(b), 0, False),
     ):
         out += task.step(codec.encode(todo))
     out += task.step(codec.encode(m.Mark(0, END, None)))
@@ -101,7 +100,7 @@ def test_a_page_whose_answer_was_lost_is_given_up_and_holds_nothing_back() -> No
     # its answer that comes after all is dropped, and so is a page of its id later
     assert task.step(codec.encode(m.Answer((a.order, a.page.page_id), a.pid, (), ()))) == []
     assert not task.pages
-    again = m.ToDecide((a.order + 5, a.page.page_id), for_decision(a), 0, page_record(a), True)
+    again = m.ToDecide((a.order + 5, a.page.page_id), for_decision(a), 0, True)
     out = task.step(codec.encode(again))
     assert [o.topic for o in out] == ["rejects"]
     # a page that found it will read its record (it came with it), and not wait for ever

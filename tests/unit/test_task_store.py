@@ -23,7 +23,7 @@ from neardup.config import EngineConfig
 from neardup.flow import codec, storeformat
 from neardup.flow.decide import DecideTask
 from neardup.flow.messages import Answer, PageRecord
-from neardup.flow.pending import Pending, Stored
+from neardup.flow.pending import ANSWER, Pending, Stored, heard_key
 from neardup.flow.upkeep import PROGRESS
 from neardup.flow.watermark import key_bytes
 from neardup.kafka import topics
@@ -48,15 +48,13 @@ LOG = TopicPartition("app-part-changelog", 0)
 SOURCE = f"{LOG.topic}:0".encode()
 DAY_MS = 86_400_000
 NOW = 1_800_000_000.0
-#: ``test_the_stored_layouts_are_the_formats_own``: the bytes of format 1 (messages 1).
+#: ``test_the_stored_layouts_are_the_formats_own``: the bytes of format 2 (messages 2).
 STORED_HEX = (
     "0a000000000000000c00000000000000280000000200000012000000040000007031"
     "687474703a2f2f612e6578616d706c652f310707070764"
 )
-PENDING_HEX = (
-    "010000000000000001000000002600000004010a000000000000000200000070310500000000000000"
-    "01000000010000006b0100000000"
-)
+PENDING_HEX = "01000000000000000000000000"  # its answers are kept apart (``HEARD_HEX``)
+HEARD_HEX = "4e800000000000000a70316100000000"
 
 
 class Changelog:
@@ -389,4 +387,5 @@ def test_the_stored_layouts_are_the_formats_own() -> None:
     answer = Answer((10, "p1"), 5, (b"k",), (None,))
     pending = Pending(asked=1, drop=0, answers=[answer])
     got = (storeformat.STATE_FORMAT, codec.VERSION, stored.pack().hex(), pending.pack().hex())
-    assert got == (1, 1, STORED_HEX, PENDING_HEX)
+    assert got == (2, 2, STORED_HEX, PENDING_HEX)
+    assert heard_key(answer.key, ANSWER, 0).hex() == HEARD_HEX
