@@ -121,10 +121,10 @@ def measure(index: KVIndex, queries: list[Query], order: int, title: str) -> Non
 
 
 def _prop(kv: RocksKV, name: str) -> int:
-    value = kv._db.property_int_value(f"rocksdb.{name}")
+    value = kv.int_property(f"rocksdb.{name}")
     if value is None:
         raise SystemExit(f"RocksDB has no property {name!r}")
-    return int(value)
+    return value
 
 
 def _busy(kv: RocksKV) -> bool:

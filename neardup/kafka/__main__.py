@@ -58,10 +58,6 @@ def _live_owner(marker: Path) -> int | None:
     return pid if pid != os.getpid() and b"neardup.kafka" in cmdline else None
 
 
-def release_state(state_dir: str) -> None:
-    (Path(state_dir) / RUNNING_MARKER).unlink(missing_ok=True)
-
-
 def fatal_message(exc: BaseException, state_dir: str) -> str:
     """One line for the operator: what stopped the worker, and what to do."""
     from neardup.kafka.membership import InstanceFencedError
@@ -148,7 +144,8 @@ def run_worker(settings: Settings) -> int:
 
     refuse_if_in_use(settings.state_dir)
     Path(settings.state_dir).mkdir(parents=True, exist_ok=True)
-    (Path(settings.state_dir) / RUNNING_MARKER).write_text(f"{os.getpid()}\n")
+    marker = Path(settings.state_dir) / RUNNING_MARKER
+    marker.write_text(f"{os.getpid()}\n")
 
     def on_stop(sig: signal.Signals) -> None:
         exit_later(
@@ -162,7 +159,7 @@ def run_worker(settings: Settings) -> int:
         log.critical("%s", fatal_message(exc, settings.state_dir))
         return 1
     finally:
-        release_state(settings.state_dir)
+        marker.unlink(missing_ok=True)
 
 
 class UsageError(Exception):

@@ -132,11 +132,7 @@ def task_assignor(layout: Layout) -> type[Any]:
         @classmethod
         def assign(cls, cluster: Any, members: Mapping[str, Any]) -> dict[str, Any]:
             topics = sorted({t for m in members.values() for t in m.subscription})
-            counts = {}
-            for topic in topics:
-                partitions = cluster.partitions_for_topic(topic)
-                if partitions:
-                    counts[topic] = len(partitions)
+            counts = {t: len(ps) for t in topics if (ps := cluster.partitions_for_topic(t))}
             tasks = [
                 t
                 for t in layout(counts)

@@ -6,20 +6,14 @@ stable id ``<app>-<task>``. The worker (``neardup.kafka.runtime``) runs a ``Task
 per task it was dealt. Nothing here knows a stage: a step gets records, a key-value
 overlay (``neardup.kafka.taskstate.Overlay``) and an ``Out``.
 
-The commit step (``TaskRunner.commit``), in one place: begin; send the buffered outputs
-and the overlay's dirty keys (the changelog; a delete is a tombstone) as one batch per
-partition; send the input offsets reached; commit; only then write the overlay to RocksDB
-together with the changelog offset reached. Any error before the commit: abort, drop the
-overlay, seek the inputs back to the committed offsets, replay. ``ProducerFenced``: the
-task has a new owner; it is dropped without writing anything.
-
-Outputs are buffered until the commit, so a transaction is open only while it commits
-(tens of milliseconds). ``transaction_timeout_ms`` therefore need not cover a step, only a
-slow commit; what it bounds, when no new owner re-initialises a dead worker's producer
-id, is how long that worker's open transaction holds back every read_committed reader of
-the partitions it wrote to (the timeout plus the broker's abort sweep). 15 s: longer than
-the session timeout (10 s), after which the group gives the task to another worker, whose
-producer start aborts the transaction at once.
+The commit step is ``TaskRunner.commit``, in one place. Outputs are buffered until the
+commit, so a transaction is open only while it commits (tens of milliseconds), and
+``transaction_timeout_ms`` need not cover a step, only a slow commit. What it bounds,
+when no new owner re-initialises a dead worker's producer id, is how long that worker's
+open transaction holds back every read_committed reader of the partitions it wrote to
+(the timeout plus the broker's abort sweep). 15 s: longer than the session timeout
+(10 s), after which the group gives the task to another worker, whose producer start
+aborts the transaction at once.
 """
 
 from __future__ import annotations
@@ -293,8 +287,10 @@ class TaskRunner:
         return age_ms >= (self.cfg.commit_max_ms if mid_batch else self.cfg.commit_min_ms)
 
     async def commit(self, group_id: str) -> float:
-        """The commit step; returns its duration. Raises ``FencedError``, or the error after
-        aborting (the caller rewinds)."""
+        """The commit step: begin; send the outputs and the overlay's dirty keys (the
+        changelog; a delete is a tombstone), then the input offsets; commit; only then write
+        the overlay to RocksDB with the changelog offset reached. Returns its duration.
+        Raises ``FencedError``, or the error after aborting (the caller rewinds)."""
         kv, p = self.kv, self.producer
         assert kv is not None
         start = time.perf_counter()
@@ -304,9 +300,9 @@ class TaskRunner:
         try:
             await p.begin_transaction()
             for (topic, partition), msgs in self.out.pending.items():
-                sent += await self._send(topic, partition, msgs)
+                await self._send(topic, partition, msgs, sent)
             cl = self.task.changelog
-            changelog = await self._send(cl.topic, cl.partition, list(kv.dirty.items()))
+            await self._send(cl.topic, cl.partition, list(kv.dirty.items()), changelog)
             offsets = {tp: n for tp, n in self.next.items() if n != self.committed[tp]}
             if offsets:
                 await p.send_offsets_to_transaction(offsets, group_id)
@@ -345,10 +341,15 @@ class TaskRunner:
         return time.perf_counter() - start
 
     async def _send(
-        self, topic: str, partition: int, msgs: Sequence[tuple[bytes | None, bytes | None]]
-    ) -> list[tuple[Any, int]]:
-        """``msgs`` in as few batches as fit; each batch's future and record count."""
-        p, sent = self.producer, []
+        self,
+        topic: str,
+        partition: int,
+        msgs: Sequence[tuple[bytes | None, bytes | None]],
+        sent: list[tuple[Any, int]],
+    ) -> None:
+        """``msgs`` in as few batches as fit; each batch's future and record count to
+        ``sent`` as it goes (a send that fails leaves the earlier ones there to retrieve)."""
+        p = self.producer
         batch = p.create_batch()
         for key, value in msgs:
             if batch.append(key=key, value=value, timestamp=None) is None:  # full
@@ -358,7 +359,6 @@ class TaskRunner:
                 batch.append(key=key, value=value, timestamp=None)
         if count := batch.record_count():
             sent.append((await p.send_batch(batch, topic, partition=partition), count))
-        return sent
 
     def rewind(self, consumer: Any) -> None:
         """Drop everything since the last commit (a new step object too, and the held
@@ -390,3 +390,14 @@ def _forget(sent: Sequence[tuple[Any, int]]) -> None:
     """Retrieve the errors of an aborted transaction's batches (the abort reports them)."""
     for future, _ in sent:
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
+def quiet_fenced(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's exception handler while tasks run (``Runtime.start`` sets it): no
+    "exception was never retrieved" for a ``ProducerFenced``, which aiokafka also sets on
+    futures of its own that nothing awaits (a queued batch's drain waiter, the
+    transaction's waiter) when the commit has raised it (``FencedError``)."""
+    message = str(context.get("message", ""))
+    fenced = isinstance(context.get("exception"), ProducerFenced)
+    if not (fenced and message.endswith("exception was never retrieved")):
+        loop.default_exception_handler(context)

@@ -1,18 +1,12 @@
 """The partitioned worker's ``/metrics`` and ``/readyz`` (``neardup.kafka.http`` serves
-them): what the runtime and its tasks know, read when scraped.
-
-Per kind of task (``analyse``, ``part``, ``order``): records read, dead letters by reason;
-per watermark (``stage``: ``hosts``, ``buckets``, ``decide`` in front of a part task's
-stages, ``order``): items held, how far it is behind the newest key held, how long the
-next item has waited, and the items that came late (after a later key had gone on);
-pages decided by kind; state deleted by retention; the keys of the tasks' stores. Counts
-are this process's since it started, a replayed step counted again (Prometheus' ``rate``
-takes a restart as a reset).
-"""
+them): what the runtime and its tasks know, read when scraped (docs/kafka.md, Health and
+metrics, lists them)."""
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -28,135 +22,126 @@ KINDS = ("unique", "duplicate", "contained", "contains")
 #: of the order task.
 LATE_STAGES = ("hosts", "buckets", "decide", "order")
 
+G, C = GaugeMetricFamily, CounterMetricFamily
+#: Every metric, in the order served: its kind, help and labels.
+METRICS: dict[str, tuple[type[GaugeMetricFamily | CounterMetricFamily], str, tuple[str, ...]]] = {
+    "neardup_tasks_open": (G, "Tasks this worker runs", ("kind",)),
+    "neardup_tasks_waiting": (G, "Tasks dealt to this worker that are not open yet", ()),
+    "neardup_records_read": (C, "Records the worker's tasks read (replays counted again)", ()),
+    "neardup_published": (C, "Records committed to the output topics by this worker", ("topic",)),
+    "neardup_commit_seconds": (
+        G,
+        "Seconds a task's commit took, over the worker's last commits",
+        ("quantile",),
+    ),
+    "neardup_watermark_held": (G, "Items held behind a watermark", ("kind", "stage")),
+    "neardup_watermark_lag_seconds": (
+        G,
+        "How far a watermark is behind the newest key it holds, in seconds of fetch time "
+        "(the largest over the worker's tasks)",
+        ("kind", "stage"),
+    ),
+    "neardup_watermark_wait_seconds": (
+        G,
+        "Seconds the next item held has waited (the longest over the worker's tasks)",
+        ("kind", "stage"),
+    ),
+    "neardup_decide_pending": (
+        G,
+        "Pages past their watermark not decided yet: waiting for answers, records or a verdict",
+        (),
+    ),
+    "neardup_store_keys": (G, "Keys in the tasks' stores (RocksDB's estimate)", ("kind",)),
+    # from the tasks' tally
+    "neardup_stage_records": (C, "Records the worker's tasks read", ("kind",)),
+    "neardup_pages_decided": (C, "Pages decided, by decision", ("decision",)),
+    "neardup_dead_letters": (
+        C,
+        "Records sent to the dead-letter topic: rejected pages by reason; records on internal "
+        "topics no version reads (unreadable); pages given up because a record for them was "
+        "(given_up)",
+        ("kind", "reason"),
+    ),
+    "neardup_retention_expired": (
+        C,
+        "State deleted under retention_days: buckets, page records",
+        ("stage",),
+    ),
+    "neardup_late_items": (
+        C,
+        "Items that reached a watermark after a later key had gone on (an upstream source "
+        "broke its order): taken at once, outside the order guarantee",
+        ("stage",),
+    ),
+}
+
+Rows = Iterable[tuple[Sequence[str], float]]
+
 
 class _Collector:
     def __init__(self, rt: Runtime, topics: Topics, tally: Tally | None) -> None:
         self.rt, self.topics, self.tally = rt, topics, tally
 
     def collect(self) -> list[Metric]:
-        rt = self.rt
-        tasks = GaugeMetricFamily("neardup_tasks_open", "Tasks this worker runs", labels=["kind"])
-        kinds: dict[str, int] = {}
-        for runner in rt.tasks.values():
-            kinds[runner.task.group] = kinds.get(runner.task.group, 0) + 1
-        for kind, n in sorted(kinds.items()):
-            tasks.add_metric([kind], n)
-        waiting = GaugeMetricFamily(
-            "neardup_tasks_waiting", "Tasks dealt to this worker that are not open yet"
-        )
-        waiting.add_metric([], len(rt.waiting))
-        records = CounterMetricFamily(
-            "neardup_records_read", "Records the worker's tasks read (replays counted again)"
-        )
-        records.add_metric([], rt.records)
-        published = CounterMetricFamily(
-            "neardup_published",
-            "Records committed to the output topics by this worker",
-            labels=["topic"],
-        )
-        names = {
-            self.topics.decisions: "decisions",
-            self.topics.merges: "merges",
-            self.topics.rejects: "rejects",
-        }
-        for topic, kind in names.items():
-            published.add_metric([kind], rt.published.get(topic, 0))
-        commits = GaugeMetricFamily(
-            "neardup_commit_seconds",
-            "Seconds a task's commit took, over the worker's last commits",
-            labels=["quantile"],
-        )
-        times = sorted(rt.commit_seconds)
-        if times:
-            commits.add_metric(["0.5"], statistics.median(times))
-            commits.add_metric(["0.99"], times[min(len(times) - 1, int(0.99 * len(times)))])
-        return [tasks, waiting, records, published, commits, *self._stages()]
-
-    def _stages(self) -> list[Metric]:
-        rt = self.rt
-        held = GaugeMetricFamily(
-            "neardup_watermark_held", "Items held behind a watermark", labels=["kind", "stage"]
-        )
-        lag = GaugeMetricFamily(
-            "neardup_watermark_lag_seconds",
-            "How far a watermark is behind the newest key it holds, in seconds of fetch "
-            "time (the largest over the worker's tasks)",
-            labels=["kind", "stage"],
-        )
-        wait = GaugeMetricFamily(
-            "neardup_watermark_wait_seconds",
-            "Seconds the next item held has waited (the longest over the worker's tasks)",
-            labels=["kind", "stage"],
-        )
-        totals: dict[tuple[str, str], list[float]] = {}
-        for v in watermarks(rt.tasks):
-            t = totals.setdefault((v.kind, v.stage), [0.0, 0.0, 0.0])
-            t[0] += v.held
-            t[1] = max(t[1], v.lag_s)
-            t[2] = max(t[2], v.waiting_s)
-        for labels, (n, behind, waited) in sorted(totals.items()):
-            held.add_metric(list(labels), n)
-            lag.add_metric(list(labels), behind)
-            wait.add_metric(list(labels), waited)
-        pending = GaugeMetricFamily(
-            "neardup_decide_pending",
-            "Pages past their watermark not decided yet: waiting for answers, records or a verdict",
-        )
-        pending.add_metric([], pending_pages(rt.tasks))
-        keys = GaugeMetricFamily(
-            "neardup_store_keys", "Keys in the tasks' stores (RocksDB's estimate)", labels=["kind"]
-        )
-        by_kind: dict[str, int] = {}
-        for runner in rt.tasks.values():
-            if runner.kv is not None:
-                n = runner.kv.store.estimated_keys()
-                by_kind[runner.task.group] = by_kind.get(runner.task.group, 0) + n
-        for kind, n in sorted(by_kind.items()):
-            keys.add_metric([kind], n)
-        out: list[Metric] = [held, lag, wait, pending, keys]
+        rows = self._rows()
         if self.tally is not None:
-            out += self._tally(self.tally)
+            rows.update(self._tally(self.tally))
+        out: list[Metric] = []
+        for name, (kind, doc, labels) in METRICS.items():
+            if name in rows:
+                family = kind(name, doc, labels=labels)
+                for values, n in rows[name]:
+                    family.add_metric(list(values), n)
+                out.append(family)
         return out
 
+    def _rows(self) -> dict[str, Rows]:
+        rt, t = self.rt, self.topics
+        kinds = Counter(runner.task.group for runner in rt.tasks.values())
+        keys: Counter[str] = Counter()
+        for runner in rt.tasks.values():
+            if runner.kv is not None:
+                keys[runner.task.group] += runner.kv.store.estimated_keys()
+        times = sorted(rt.commit_seconds)
+        quantiles = []
+        if times:
+            p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
+            quantiles = [(["0.5"], statistics.median(times)), (["0.99"], p99)]
+        outputs = {t.decisions: "decisions", t.merges: "merges", t.rejects: "rejects"}
+        totals: dict[tuple[str, str], list[float]] = {}
+        for v in watermarks(rt.tasks):
+            w = totals.setdefault((v.kind, v.stage), [0.0, 0.0, 0.0])
+            w[0] += v.held
+            w[1] = max(w[1], v.lag_s)
+            w[2] = max(w[2], v.waiting_s)
+        marks = sorted(totals.items())
+        return {
+            "neardup_tasks_open": [([k], n) for k, n in sorted(kinds.items())],
+            "neardup_tasks_waiting": [([], len(rt.waiting))],
+            "neardup_records_read": [([], rt.records)],
+            "neardup_published": [([k], rt.published.get(o, 0)) for o, k in outputs.items()],
+            "neardup_commit_seconds": quantiles,
+            "neardup_watermark_held": [(k, n) for k, (n, _, _) in marks],
+            "neardup_watermark_lag_seconds": [(k, lag) for k, (_, lag, _) in marks],
+            "neardup_watermark_wait_seconds": [(k, wait) for k, (_, _, wait) in marks],
+            "neardup_decide_pending": [([], pending_pages(rt.tasks))],
+            "neardup_store_keys": [([k], n) for k, n in sorted(keys.items())],
+        }
+
     @staticmethod
-    def _tally(tally: Tally) -> list[Metric]:
-        records = CounterMetricFamily(
-            "neardup_stage_records", "Records the worker's tasks read", labels=["kind"]
-        )
-        for kind, n in sorted(tally.records.items()):
-            records.add_metric([kind], n)
-        decided = CounterMetricFamily(
-            "neardup_pages_decided", "Pages decided, by decision", labels=["decision"]
-        )
-        for kind in KINDS:
-            decided.add_metric([kind], tally.stages[("decide", kind)])
-        dead = CounterMetricFamily(
-            "neardup_dead_letters",
-            "Records sent to the dead-letter topic: rejected pages by reason; records on "
-            "internal topics no version reads (unreadable); pages given up because a "
-            "record for them was (given_up)",
-            labels=["kind", "reason"],
-        )
+    def _tally(tally: Tally) -> dict[str, Rows]:
+        stages = tally.stages
         reasons = tally.dead.copy()
-        reasons[("part", "given_up")] += tally.stages[("decide", "given_up")]
-        for (kind, reason), n in sorted(reasons.items()):
-            dead.add_metric([kind, reason], n)
-        expired = CounterMetricFamily(
-            "neardup_retention_expired",
-            "State deleted under retention_days: buckets, page records",
-            labels=["stage"],
-        )
-        for stage in ("buckets", "decide"):
-            expired.add_metric([stage], tally.stages[(stage, "expired")])
-        late = CounterMetricFamily(
-            "neardup_late_items",
-            "Items that reached a watermark after a later key had gone on (an upstream "
-            "source broke its order): taken at once, outside the order guarantee",
-            labels=["stage"],
-        )
-        for stage in LATE_STAGES:
-            late.add_metric([stage], tally.stages[(stage, "late")])
-        return [records, decided, dead, expired, late]
+        reasons[("part", "given_up")] += stages[("decide", "given_up")]
+        return {
+            "neardup_stage_records": [([k], n) for k, n in sorted(tally.records.items())],
+            "neardup_pages_decided": [([k], stages[("decide", k)]) for k in KINDS],
+            "neardup_dead_letters": sorted(reasons.items()),
+            "neardup_retention_expired": [
+                ([s], stages[(s, "expired")]) for s in ("buckets", "decide")
+            ],
+            "neardup_late_items": [([s], stages[(s, "late")]) for s in LATE_STAGES],
+        }
 
 
 class Endpoint:

@@ -1,15 +1,7 @@
-"""The worker's HTTP endpoint: ``/metrics``, ``/healthz`` and ``/readyz``, nothing else.
-
-* ``/healthz`` (liveness): 200 while the event loop answers.
-* ``/readyz`` (readiness): 200 once the worker has joined its group and recovered its
-  tables, 503 while it rebalances or recovers.
-* ``/metrics``: Prometheus text format.
-
-Any other path is 404, any other method 405 (``HEAD`` is answered like ``GET``). The
-query string is ignored; paths are compared exactly, after percent-decoding, so
-``/metrics/``, ``/METRICS`` and ``/healthz/../metrics`` are 404. There are no files to
-serve. Malformed requests (a header line over 8 KiB, over 128 headers, a request line that
-is not HTTP) get aiohttp's 400 and one DEBUG line, not an ERROR with a traceback each.
+"""The worker's HTTP endpoint: ``/metrics``, ``/healthz`` and ``/readyz`` (docs/kafka.md,
+Health and metrics), nothing else: any other path is 404, any other method 405. Paths are
+compared exactly, after percent-decoding (``/metrics/`` and ``/healthz/../metrics`` are
+404); there are no files to serve.
 """
 
 from __future__ import annotations
@@ -40,13 +32,6 @@ class _QuietBadRequests(logging.Filter):
         record.msg, record.args = "refused a malformed request: %d %.200s", (exc.code, exc.message)
         record.exc_info, record.exc_text = None, None
         return True
-
-
-def quiet_bad_requests() -> None:
-    """Install ``_QuietBadRequests`` on aiohttp's server logger (once)."""
-    server_log = logging.getLogger("aiohttp.server")
-    if not any(isinstance(f, _QuietBadRequests) for f in server_log.filters):
-        server_log.addFilter(_QuietBadRequests())
 
 
 def make_app(render_metrics: Callable[[], bytes], is_ready: Callable[[], bool]) -> web.Application:
@@ -83,7 +68,9 @@ async def serve(
     host: str, port: int, render_metrics: Callable[[], bytes], is_ready: Callable[[], bool]
 ) -> web.AppRunner:
     """Start the endpoint; returns the runner (``await runner.cleanup()`` stops it)."""
-    quiet_bad_requests()
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _QuietBadRequests) for f in server_log.filters):
+        server_log.addFilter(_QuietBadRequests())
     runner = web.AppRunner(make_app(render_metrics, is_ready), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -1,15 +1,11 @@
 """Static group membership (``NEARDUP_GROUP_INSTANCE_ID``, KIP-345), and how a worker
 tells that another process has taken its instance id.
 
-A worker with an instance id is a static member: it sends no LeaveGroup when it stops, and
-when it comes back with the same id within the session timeout the coordinator gives it
-its tasks again, without a rebalance of the others.
-
 A second live process with the same id takes the member's place when it joins. The
 broker tells the replaced member so with FENCED_INSTANCE_ID only on requests that carry
 the instance id; aiokafka 0.14 sends its heartbeats without it (and does not know that
 error code: aio-libs/aiokafka#1186), so the replaced member hears "unknown member id" and
-rejoins, which takes the id back. Two workers on one id would take it from each other at
+rejoins, which takes the id back: two workers on one id would take it from each other at
 every heartbeat, each rejoin revoking and reopening all their tasks.
 
 So the worker asks the coordinator (DescribeGroups) which member holds its instance id,

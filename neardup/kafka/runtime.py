@@ -31,7 +31,14 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener  # type: ignore
 from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 
 from neardup.kafka.assignor import Layout, Task, task_assignor
-from neardup.kafka.delivery import Config, FencedError, ProducerBrokenError, StepFactory, TaskRunner
+from neardup.kafka.delivery import (
+    Config,
+    FencedError,
+    ProducerBrokenError,
+    StepFactory,
+    TaskRunner,
+    quiet_fenced,
+)
 from neardup.kafka.membership import InstanceFencedError, StaticMember
 from neardup.store import StateError
 
@@ -97,6 +104,7 @@ class Runtime:
         # again and again: 15% of the order task's CPU. Cycles are rare in a step's
         # garbage, so collecting less often costs little memory.
         gc.set_threshold(50_000, 20, 20)
+        asyncio.get_running_loop().set_exception_handler(quiet_fenced)
         await self.reader.start()
         await self.consumer.start()
         self.consumer.subscribe(list(self.cfg.topics), listener=_Listener(self))
@@ -228,8 +236,8 @@ class Runtime:
                         runner.last_tick = now
                         caught_up, as_of = await self._caught_up(runner)
                         runner.step.on_tick(as_of, kv, runner.out, caught_up)
-            except StateError:
-                raise  # the store failed: a replay would not help, the worker stops
+            except StateError as exc:  # a replay would meet it again: the worker stops
+                raise type(exc)(f"task {runner.task.name}: {exc}") from exc
             except Exception:
                 log.exception("task %s failed at %s", runner.task.name, at)
                 self._rewind(runner)

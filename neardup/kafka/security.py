@@ -24,10 +24,6 @@ def ssl_context(settings: Settings) -> ssl.SSLContext | None:
     return ssl.create_default_context(purpose=ssl.Purpose.SERVER_AUTH, cafile=settings.ssl_cafile)
 
 
-def _password(settings: Settings) -> str | None:
-    return None if settings.sasl_password is None else settings.sasl_password.get_secret_value()
-
-
 def aiokafka_kwargs(settings: Settings) -> dict[str, Any]:
     """Keyword arguments of aiokafka's clients (admin, producer, consumer)."""
     out: dict[str, Any] = {"security_protocol": settings.security_protocol}
@@ -37,7 +33,8 @@ def aiokafka_kwargs(settings: Settings) -> dict[str, Any]:
     if settings.security_protocol.startswith("SASL"):
         out["sasl_mechanism"] = settings.sasl_mechanism
         out["sasl_plain_username"] = settings.sasl_username
-        out["sasl_plain_password"] = _password(settings)
+        password = settings.sasl_password
+        out["sasl_plain_password"] = None if password is None else password.get_secret_value()
     return out
 
 

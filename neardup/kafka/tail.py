@@ -1,13 +1,6 @@
-"""Print a topic's messages: ``python -m neardup.kafka.tail [TOPIC] [--idle-s S]``.
-
-For looking at the worker's outputs where Kafka's own console consumer is not at hand
-(the jars ``scripts/kafka-local.sh`` fetches do not include it). TOPIC is a topic name or
-one of ``raw``, ``decisions``, ``merges``, ``rejects`` (the topics the settings name);
-default ``decisions``. Reads every partition from its beginning without a consumer group,
-so nothing is committed and no worker's group is joined; prints ``key | value`` a line
-each, in each partition's order; and exits after S seconds without a new message.
-Connection and security come from ``neardup.settings.Settings`` (``NEARDUP_*``), as for the
-worker and ``python -m neardup.produce``.
+"""Print a topic's messages: ``python -m neardup.kafka.tail [TOPIC] [--idle-s S]`` (its
+``--help`` says how), for looking at the worker's outputs where Kafka's own console
+consumer is not at hand (the jars ``scripts/kafka-local.sh`` fetches do not include it).
 """
 
 from __future__ import annotations
@@ -33,11 +26,6 @@ _SHORT = ("raw", "decisions", "merges", "rejects")
 
 class NoSuchTopicError(Exception):
     pass
-
-
-def topic_name(settings: Settings, topic: str) -> str:
-    """``topic``, or the settings' name for one of the short names."""
-    return str(getattr(settings, f"topic_{topic}")) if topic in _SHORT else topic
 
 
 async def tail(settings: Settings, topic: str, idle_s: float, out: IO[str]) -> int:
@@ -113,7 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings is None:
         return EXIT_USAGE
     install_log_redaction(settings)
-    return run(settings, topic_name(settings, args.topic), args.idle_s)
+    topic = args.topic  # a topic name, or one of the settings' short names
+    name = str(getattr(settings, f"topic_{topic}")) if topic in _SHORT else topic
+    return run(settings, name, args.idle_s)
 
 
 def run(settings: Settings, topic: str, idle_s: float) -> int:

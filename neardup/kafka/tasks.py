@@ -2,19 +2,18 @@
 ``neardup.flow`` in between, records out (``neardup.kafka.topology`` names the tasks).
 
 Each task's step object is made anew after an aborted transaction, and reads its state
-again from the store; nothing it keeps in memory outlives a replay.
+again from the store; nothing it keeps in memory outlives a replay, so a stored message
+that does not decode stops the worker (``StateError``) rather than replay forever.
 
-A record on an internal topic that no version reads (``WireError``: a bug upstream, a
-mixed deployment, a record written there by hand) goes to the dead-letter topic with
-where it was and why, and the task goes on (``Unreadable``). A lost record a page waits
-for is reported to the page's decide task, which gives the page up
-(``neardup.flow.upkeep``). A lost mark holds nothing back for long: marks say where their
-source is, not what changed, and the source's next mark (on its next step, or its next
-drained mark while idle) says it again.
+A record on an internal topic that no version reads goes to the dead-letter topic and the
+task goes on (``Unreadable``; docs/kafka.md, Failures). A lost mark holds nothing back for
+long: marks say where their source is, not what changed, and the source's next mark says
+it again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -22,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import orjson
 from aiokafka.partitioner import murmur2  # type: ignore[import-untyped]
 
 from neardup.analysis import Analysed, Stats
@@ -157,10 +157,8 @@ class Unreadable:
         """``OrderStep``'s ``on_bad``: an edge is keyed by its page's key."""
         name = None
         if r.key and len(r.key) > 8:
-            try:
+            with contextlib.suppress(UnicodeDecodeError):
                 name = key_from_bytes(r.key)[1]
-            except UnicodeDecodeError:
-                name = None
         self.ctx.sender.send(sink, self.outs(r, exc, name))
 
 
@@ -173,33 +171,19 @@ def page_name(r: Record) -> str | None:
         return None
 
 
-class Marks:
-    """When a task sends its mark: whenever it changes, and, while the task is drained,
-    again every ``interval`` seconds (a drained mark's time vouches for what reached the
-    downstream partitions before it; sent on every tick it would make a transaction a
-    tick of every idle task)."""
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self.last = -math.inf
-
-    def drained_due(self, now: float, caught_up: bool) -> bool:
-        if not caught_up or now - self.last < self.interval:
-            return False
-        self.last = now
-        return True
-
-
 class AnalyseStep:
     """``analyse-j``: raw pages to analysed pages (to their host's partition) or
-    rejections; its mark: the greatest fetch time read."""
+    rejections; its mark: the greatest fetch time read, sent whenever it changes and,
+    while the task is drained, again every ``mark_interval`` seconds (a drained mark's
+    time vouches for what reached the downstream partitions before it; sent on every tick
+    it would make a transaction a tick of every idle task)."""
 
     def __init__(self, j: int, ctx: Context) -> None:
         self.j, self.ctx = j, ctx
         self.high: int | None = None
         self.loaded = False
         self.sent: Mark | None = None
-        self.marks = Marks(ctx.mark_interval)
+        self.last_drained = -math.inf
         self.stats = Stats()
 
     def _load(self, kv: Any) -> None:
@@ -217,9 +201,8 @@ class AnalyseStep:
         for a in results:
             if isinstance(a, Rejected):
                 ctx.tally.dead[(ANALYSE, str(a.reason))] += 1
-                body = a.to_json()
                 key = (a.page_id or "").encode()
-                outs.append(Out("rejects", None, key, ctx.json(body)))
+                outs.append(Out("rejects", None, key, orjson.dumps(a.to_json())))
                 continue
             outs.append(self._page_in(a))
         ctx.sender.send(out, outs)
@@ -234,7 +217,9 @@ class AnalyseStep:
 
     def on_tick(self, now: float, kv: Any, out: Sink, caught_up: bool) -> None:
         self._load(kv)
-        drained = self.marks.drained_due(now, caught_up)
+        drained = caught_up and now - self.last_drained >= self.ctx.mark_interval
+        if drained:
+            self.last_drained = now
         frontier = None if self.high is None else (self.high, "")
         mark = Mark(self.j, frontier, now if drained else None)
         if not drained and self.sent is not None and self.sent.frontier == frontier:
@@ -366,16 +351,9 @@ class Context:
         have.update(counts or {})
         self.sender = Sender(topics, lambda t: have[t])
 
-    @staticmethod
-    def json(body: dict[str, Any]) -> bytes:
-        import orjson
-
-        return orjson.dumps(body)
-
     def step(self, task: Task) -> AnalyseStep | PartStep | OrderStep:
         """The step object of ``task`` (the runtime's ``StepFactory``)."""
-        if task.group == ANALYSE:
-            return AnalyseStep(int(task.name.rsplit("-", 1)[1]), self)
-        if task.group == PART:
-            return PartStep(int(task.name.rsplit("-", 1)[1]), self)
-        return CountedOrderStep(self)
+        if task.group == ORDER_TASK:
+            return CountedOrderStep(self)
+        i = int(task.name.rsplit("-", 1)[1])  # analyse-j, part-i
+        return AnalyseStep(i, self) if task.group == ANALYSE else PartStep(i, self)

@@ -1,18 +1,13 @@
 """A task's state: its RocksDB store, the overlay that holds one transaction's writes, and
 the restore from the task's changelog partition.
 
-The store is never ahead of the changelog: the runtime (``neardup.kafka.delivery``) writes
-an overlay to RocksDB only after the transaction that sent its changelog records has
-committed, in one write batch with the changelog offset it reached. A crash between the
-two leaves the store behind, and ``open_store`` catches up from that offset, reading
-committed records only; records of aborted transactions never reach the store.
-
-Two things make a store unfit to catch up, and ``open_store`` checks both. Its format
-(``neardup.flow.storeformat``), recorded in the store and in the changelog: state of
-another format stops the worker in one line, as no restore can help. Its age: the store
-records when it was last in step with its changelog, and one away for longer than the
-changelog's ``delete.retention.ms`` may have missed deletions whose tombstones compaction
-has since removed, so it is discarded and restored from the changelog.
+The store is never ahead of the changelog: an overlay reaches RocksDB only after its
+transaction committed, in one write batch with the changelog offset reached, so a crash
+between the two leaves the store behind, and ``open_store`` catches up from that offset
+with committed records only. A store of another format (``neardup.flow.storeformat``)
+stops the worker in one line, as no restore can help; one away from its changelog longer
+than the changelog's ``delete.retention.ms`` may have missed deletions whose tombstones
+compaction has since removed, so it is rebuilt.
 """
 
 from __future__ import annotations
@@ -50,8 +45,8 @@ class Overlay:
     """The task's key-value view during one transaction: reads see this transaction's
     writes, then the store; writes wait here until the runtime commits them.
 
-    It has the methods of ``neardup.store.KV`` (and ``on_commit``, as ``BufferedKV``), so
-    the engine's state objects run over it. A prefix delete takes effect at once, for the
+    It has the methods of ``neardup.store.KV``, so the engine's state objects run over
+    it. A prefix delete takes effect at once, for the
     keys the store and the overlay hold at that moment: each becomes a tombstone, which is
     what the changelog needs."""
 
@@ -63,7 +58,6 @@ class Overlay:
         self.dirty: dict[bytes, bytes | None] = dict(self.keep)
         #: Bytes put since the last commit (overwrites counted again): the commit size cap.
         self.nbytes = 0
-        self._on_commit: list[Callable[[], None]] = []
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         dirty = self.dirty
@@ -136,20 +130,14 @@ class Overlay:
             else:
                 self.put_many([(k, v)])
 
-    def on_commit(self, fn: Callable[[], None]) -> None:
-        """Call ``fn`` once this transaction's writes are in the store; never if it is
-        aborted. ``fn`` must not raise."""
-        self._on_commit.append(fn)
-
     def drop(self) -> None:
         """Forget this transaction's writes (it was aborted)."""
         self.dirty = dict(self.keep)
         self.nbytes = 0
-        self._on_commit = []
 
     def flush(self, next_offset: int | None) -> None:
         """Write this transaction's writes to the store in one batch, with the changelog
-        offset after its records (None: it wrote none), then run the ``on_commit`` calls.
+        offset after its records (None: it wrote none).
 
         The transaction committed, so no other owner has written the changelog since this
         task's last commit: the store holds all of it, as of now (``SYNCED_KEY``)."""
@@ -161,10 +149,7 @@ class Overlay:
                 self.keep = {}
         records.append((SYNCED_KEY, _stamp(self.clock())))
         self.store.write(records)
-        done = self._on_commit
         self.drop()
-        for fn in done:
-            fn()
 
     def close(self) -> None:
         """The store is the runtime's to close."""
@@ -174,10 +159,7 @@ def stored_offset(store: RocksKV) -> tuple[str | None, int]:
     """The changelog partition the store mirrors (None: a new store) and the next
     changelog offset it holds."""
     source, offset = store.get_many([SOURCE_KEY, OFFSET_KEY])
-    return (
-        None if source is None else source.decode(),
-        0 if offset is None else int(offset),
-    )
+    return (None if source is None else source.decode()), int(offset or 0)
 
 
 def items(store: RocksKV) -> Iterator[tuple[bytes, bytes]]:
@@ -200,18 +182,12 @@ async def open_store(
     memory: SharedMemory | None = None,
     clock: Callable[[], float] = time.time,
 ) -> RocksKV:
-    """The task's store at ``path``, caught up with its ``changelog`` TopicPartition.
-
-    ``reader``: a started AIOKafkaConsumer with no group and
-    ``isolation_level="read_committed"``, used by nothing else meanwhile. The task's transactional
-    producer must have been started first: that completes or aborts the transaction a
-    previous owner left open, so the end offset read here is final.
-
-    A store whose offset lies outside the changelog (the topics were made again, or the
-    records it still needs were deleted), or that was last in step with it longer ago than
-    ``delete_retention_ms`` (the changelog's; None: not known), is discarded and rebuilt
-    from the changelog. State of another format raises ``StateFormatError``.
-
+    """The task's store at ``path``, caught up with its ``changelog`` TopicPartition, or
+    rebuilt if its offset lies outside the changelog (the topics were made again) or it is
+    older than ``delete_retention_ms`` (None: not known); ``StateFormatError`` for state of
+    another format. ``reader``: a started read_committed AIOKafkaConsumer with no group,
+    used by nothing else meanwhile; the task's producer must have started first (which
+    ends what a previous owner left open, so the end offset read here is final).
     ``memory``: the worker's, shared by its task stores (None: the store's own)."""
     name = f"{changelog.topic}:{changelog.partition}"
     begin = (await reader.beginning_offsets([changelog]))[changelog]

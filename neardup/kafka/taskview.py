@@ -72,12 +72,8 @@ def watermarks(tasks: dict[str, Any]) -> Iterator[Held]:
 def pending_pages(tasks: dict[str, Any]) -> int:
     """Pages the decide tasks hold past their watermark: waiting for answers, records or
     a verdict."""
-    n = 0
-    for runner in tasks.values():
-        step = runner.step
-        if isinstance(step, PartStep) and step.stages is not None:
-            n += len(step.stages[2].pages)
-    return n
+    steps = [runner.step for runner in tasks.values()]
+    return sum(len(s.stages[2].pages) for s in steps if isinstance(s, PartStep) and s.stages)
 
 
 def log_tasks(rt: Any) -> None:
@@ -94,18 +90,8 @@ def log_tasks(rt: Any) -> None:
     )
     for v in views:
         log.info(
-            "task state: %s %s: %d held (oldest %s, newest %s, %.1f s behind); W %s, "
-            "released %s; sources' frontiers %s; held back by %s for %.1f s; %d late",
-            v.task,
-            v.stage,
-            v.held,
-            v.oldest,
-            v.newest,
-            v.lag_s,
-            v.w,
-            v.released,
-            v.fronts,
-            v.blocking or "nothing",
-            v.waiting_s,
-            v.late,
+            f"task state: {v.task} {v.stage}: {v.held} held (oldest {v.oldest}, newest "
+            f"{v.newest}, {v.lag_s:.1f} s behind); W {v.w}, released {v.released}; sources' "
+            f"frontiers {v.fronts}; held back by {v.blocking or 'nothing'} for "
+            f"{v.waiting_s:.1f} s; {v.late} late"
         )

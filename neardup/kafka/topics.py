@@ -128,21 +128,14 @@ async def partition_counts(admin: Any, topics: list[str], timeout_s: float) -> d
     """The partition count of each of ``topics``. A topic created a moment ago may not be
     described yet (an error code, no partitions): it is waited for, up to ``timeout_s``,
     rather than taken for the wrong size."""
-    have = await _partition_counts(admin, topics)
     deadline = time.monotonic() + timeout_s
-    while any(t not in have for t in topics) and time.monotonic() < deadline:
+    while True:
+        described = await admin.describe_topics(topics)
+        ok = [d for d in described if not d.get("error_code") and d.get("partitions")]
+        have = {d["topic"]: len(d["partitions"]) for d in ok}
+        if all(t in have for t in topics) or time.monotonic() >= deadline:
+            return have
         await asyncio.sleep(0.2)
-        have = await _partition_counts(admin, topics)
-    return have
-
-
-async def _partition_counts(admin: Any, topics: list[str]) -> dict[str, int]:
-    described = await admin.describe_topics(topics)
-    return {
-        d["topic"]: len(d["partitions"])
-        for d in described
-        if not d.get("error_code") and d.get("partitions")
-    }
 
 
 #: Kafka's default ``delete.retention.ms``, which the worker leaves on the changelogs it

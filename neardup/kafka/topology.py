@@ -10,16 +10,9 @@ raw (R, any key) --analyse-j--> <app>-hosts (N, by host)
 <app>-order  --order-->           <app>-pages (verdicts)
 ```
 
-* ``analyse-j`` (one per raw partition): decode, extract, fingerprint; rejections go to
-  the dead-letter topic. Stateless but for its partition's frontier.
-* ``part-i`` (one per partition of the internal topics): the hosts, buckets and decide
-  stages of partition ``i`` (``neardup.flow``), over one store whose changelog is partition
-  ``i`` of ``<app>-part-changelog``.
-* ``order``: the one ordered step, over edges and marks only (``neardup.flow.order``).
-
-Every task commits its outputs, its changelog and its input offsets in one transaction
-(``neardup.kafka.delivery``). Downstream consumers read with ``isolation.level =
-read_committed``.
+One ``analyse-j`` task per raw partition, one ``part-i`` per internal partition (its
+hosts, buckets and decide stages over one store), one ``order`` task: docs/kafka.md,
+Topology, says what each holds.
 """
 
 from __future__ import annotations

@@ -284,3 +284,57 @@ def test_a_store_behind_catches_up_and_one_past_the_changelog_is_rebuilt(
         assert _open(kafka_bootstrap, tmp_path / name, tp) == want, name
         assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
         assert "rebuilding it from the changelog" in caplog.text, name
+
+
+def test_a_fenced_commit_leaves_no_error_unretrieved(
+    kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A commit of a fenced producer raises ``FencedError``, and aiokafka's own futures
+    that hold the same error (its queued batches') are not logged as never retrieved."""
+    import gc
+
+    from neardup.kafka.assignor import Task
+    from neardup.kafka.delivery import Config, FencedError, TaskRunner, quiet_fenced
+    from neardup.kafka.taskstate import Overlay
+
+    prefix = Names().prefix
+    out, cl, txn = f"{prefix}-out", f"{prefix}-changelog", f"{prefix}-txn"
+
+    async def run() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(out, 4, 1), NewTopic(cl, 1, 1)])
+        finally:
+            await admin.close()
+        zombie, owner = (
+            AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=txn)
+            for _ in range(2)
+        )
+        await zombie.start()
+        await zombie.begin_transaction()  # its producer id and the topics known, so the
+        for topic in (out, cl):  # commit below sends every batch before the fence is seen
+            await zombie.send_and_wait(topic, b"warm", partition=0)
+        await zombie.commit_transaction()
+        cfg = Config(kafka_bootstrap, prefix, (out,), str(tmp_path))
+        task = Task("t-0", (), TopicPartition(cl, 0))
+        runner = TaskRunner(task, lambda t: None, cfg, zombie)
+        runner.kv = Overlay(RocksKV(str(tmp_path / "store")))
+        asyncio.get_running_loop().set_exception_handler(quiet_fenced)  # as the runtime does
+        await owner.start()  # fences the zombie
+        for partition in range(4):
+            runner.out.send(out, partition, b"k", b"v")
+        runner.kv.put_many([(b"x", b"y")])
+        try:
+            with pytest.raises(FencedError):
+                await runner.commit(prefix)
+        finally:
+            await runner.close()
+            await owner.stop()
+        del runner, zombie
+        gc.collect()
+
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    asyncio.run(run())
+    gc.collect()
+    assert "never retrieved" not in caplog.text

@@ -49,12 +49,9 @@ def test_reads_see_the_transaction_and_the_store_sees_nothing_before_flush(
         None,
     ]
     assert dict(items(store)) == {b"c:a": b"1", b"c:b": b"2", b"d:x": b"3"}
-    done: list[int] = []
-    kv.on_commit(lambda: done.append(1))
     kv.flush(7)
     assert dict(items(store)) == {b"c:a": b"10", b"c:b": b"2", b"c:new": b"5"}
     assert stored_offset(store) == (None, 7)
-    assert done == [1]
     assert kv.dirty == {}
 
 
@@ -76,13 +73,10 @@ def test_a_scan_sees_the_transaction_over_the_store(store: RocksKV) -> None:
 
 def test_drop_forgets_the_transaction(store: RocksKV) -> None:
     kv = Overlay(store)
-    done: list[int] = []
     kv.put_many([(b"c:a", b"99")])
-    kv.on_commit(lambda: done.append(1))
     kv.drop()
     kv.flush(None)
     assert dict(items(store))[b"c:a"] == b"1"
-    assert done == []
     assert store.get_many([OFFSET_KEY]) == [None]
 
 
