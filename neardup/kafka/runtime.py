@@ -12,8 +12,9 @@ The consumer reads with ``isolation_level="read_committed"`` and commits nothing
 (each task's offsets go into its transaction). The group's assignor
 (``neardup.kafka.assignor``) deals whole tasks. On revocation, before the rebalance
 completes, each revoked task commits what it has done (or aborts it) and closes its
-producer; on assignment each new task starts its producer, restores its store and seeks
-to the group's committed offsets. The protocol is eager: a rebalance revokes every task.
+producer; each task assigned is then opened by the loop, its inputs paused meanwhile: it
+starts its producer, restores its store and seeks to the group's committed offsets. The
+protocol is eager: a rebalance revokes every task.
 """
 
 from __future__ import annotations
@@ -420,16 +421,18 @@ class Runtime:
                 partitions = self.consumer.partitions_for_topic(topic)
                 if partitions:
                     counts[topic] = len(partitions)
-            mine = []
             for task in self.layout(counts):
                 inputs = set(task.inputs)
                 if inputs <= assigned and task.name not in self.tasks:
-                    mine.append(task)
+                    # opened by the loop (``_resume``), not in this callback: aiokafka
+                    # sends no heartbeat until it returns, and restoring a store can take
+                    # longer than the session timeout, which would drop the worker
+                    self.consumer.pause(*task.inputs)
+                    self.waiting[task.name] = (task, time.monotonic())
                 elif inputs & assigned and not inputs <= assigned:
                     log.error(
                         "task %s was dealt in part (%s): not run", task.name, inputs & assigned
                     )
-            await self._open(mine)
         if self.member is not None:
             await self.member.joined()
 

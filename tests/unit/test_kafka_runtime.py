@@ -1,7 +1,8 @@
 """The runtime's commit pipelining, without a broker: a task commits in the background
 while the loop steps the others; what comes for it meanwhile is held and goes into its
 next transaction; a commit that fails leaves nothing of it, nor of what was held, and the
-task reads again from its committed offsets."""
+task reads again from its committed offsets. And tasks assigned are opened by the loop,
+not in the rebalance callback."""
 
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ class Consumer:
     async def getmany(self, timeout_ms: int, max_records: int) -> dict[Any, Any]:
         await self.stop.wait()
         return self.fetched
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return {A.partition, B.partition}
 
 
 class Batch:
@@ -323,3 +327,40 @@ def test_a_task_steps_as_many_records_at_once_as_take_about_chunk_seconds() -> N
     assert r.chunk_size() == 500
     r.timed(0, 0.0)  # nothing stepped says nothing
     assert r.chunk_size() == 500
+
+
+def test_tasks_assigned_are_opened_by_the_loop_not_in_the_rebalance_callback(
+    stores: dict[str, RocksKV], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiokafka sends no heartbeat until ``on_partitions_assigned`` returns: were the tasks
+    opened there, a restore longer than the session timeout would get the worker dropped
+    from the group. The callback notes them, their inputs paused; the loop opens them."""
+
+    async def run() -> None:
+        cfg = Config(bootstrap="-", app="app", topics=("in",), state_dir="-", tick_ms=10**9)
+        layout = [
+            Task(n, (tp,), TopicPartition("log", tp.partition)) for n, tp in (("a", A), ("b", B))
+        ]
+        rt = Runtime(cfg, lambda counts: layout, lambda task: Steps())
+        await rt.consumer.stop()  # never started: only replaced
+        await rt.reader.stop()
+        consumer = rt.consumer = Consumer()
+        opened: list[str] = []
+
+        async def open_task(task: Task, factory: Any, cfg: Config, **_: Any) -> TaskRunner:
+            opened.append(task.name)
+            r = TaskRunner(task, factory, cfg, Producer())
+            r.kv = Overlay(stores[task.name])
+            (tp,) = task.inputs
+            r.committed, r.next, r.fed = {tp: 0}, {tp: 0}, {tp: 0}
+            return r
+
+        monkeypatch.setattr(TaskRunner, "open", open_task)
+        await rt.assign({A, B})
+        assert opened == [] and not rt.tasks
+        assert set(rt.waiting) == {"a", "b"} and consumer.paused == {A, B}
+        await rt._turn({})
+        assert sorted(opened) == ["a", "b"] and set(rt.tasks) == {"a", "b"}
+        assert not rt.waiting and not consumer.paused
+
+    asyncio.run(run())
