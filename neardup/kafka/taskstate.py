@@ -46,9 +46,8 @@ class Overlay:
     writes, then the store; writes wait here until the runtime commits them.
 
     It has the methods of ``neardup.store.KV``, so the engine's state objects run over
-    it. A prefix delete takes effect at once, for the
-    keys the store and the overlay hold at that moment: each becomes a tombstone, which is
-    what the changelog needs."""
+    it. A prefix delete takes effect at once, for the keys the store and the overlay hold
+    at that moment: each becomes a tombstone, which is what the changelog needs."""
 
     def __init__(self, store: RocksKV, clock: Callable[[], float] = time.time) -> None:
         self.store, self.clock = store, clock
