@@ -34,7 +34,6 @@ from neardup.flow.codec import decode, encode
 from neardup.flow.expiry import Horizon
 from neardup.flow.messages import (
     Edge,
-    Key,
     Mark,
     Verdict,
     WireError,
@@ -246,10 +245,9 @@ class OrderTask:
     ) -> None:
         self.store, self.cfg = store, cfg
         self.clusters = OrderClusters(store, cache_limit)
-        self.edges = Watermark(store, _EDGES, sources, wait, clock)
-        #: The edges held, as read: each is decoded once (the store holds its record,
-        #: which is decoded again only after a restart).
-        self._held: dict[Key, Edge] = {}
+        # the edges held keep their decoded form (small), each decoded once; the store
+        # holds their records, decoded again only after a restart
+        self.edges = Watermark(store, _EDGES, sources, wait, clock, cached=cache_limit)
 
     def __len__(self) -> int:
         """Edges held, not released yet."""
@@ -266,13 +264,11 @@ class OrderTask:
         self.edges.load()
         self.clusters.forget()
         self.clusters.complete = next(iter(self.store.scan(_NODES)), None) is None
-        self._held.clear()
 
     def on_edge(self, edge: Edge, arrived: float, raw: bytes | None = None) -> None:
         """Hold an edge that reached the order topic at ``arrived`` (Unix seconds);
         ``raw``: its record, if the caller has it (kept as it is until released)."""
-        self.edges.add(edge.key, encode(edge) if raw is None else raw, arrived)
-        self._held.setdefault(edge.key, edge)
+        self.edges.add(edge.key, encode(edge) if raw is None else raw, arrived, edge)
 
     def on_mark(self, mark: Mark) -> None:
         self.edges.on_mark(mark)
@@ -281,8 +277,7 @@ class OrderTask:
         """The verdicts of every edge that may be released now, in key order (a late edge
         first, at once)."""
         out = []
-        for key, raw in self.edges.release():
-            edge = self._held.pop(key, None) or decode_stored(raw)
+        for _, edge, _ in self.edges.release_decoded(decode_stored):
             if not isinstance(edge, Edge):
                 raise WireError(f"the order task holds a {type(edge).__name__}, not an edge")
             out.append(self.verdict(edge))

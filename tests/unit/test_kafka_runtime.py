@@ -143,23 +143,33 @@ def stores(tmp_path: Path) -> Iterator[dict[str, RocksKV]]:
             kv.close()
 
 
+#: The tasks of these tests: one an input partition.
+LAYOUT = [Task(n, (tp,), TopicPartition("log", tp.partition)) for n, tp in (("a", A), ("b", B))]
+
+
+def runner(task: Task, rt: Runtime, stores: dict[str, RocksKV]) -> TaskRunner:
+    """``task`` as opened on its empty store, its input at offset 0."""
+    r = TaskRunner(task, rt.factory, rt.cfg, Producer())
+    r.kv = Overlay(stores[task.name])
+    (tp,) = task.inputs
+    r.committed, r.next, r.fed = {tp: 0}, {tp: 0}, {tp: 0}
+    return r
+
+
 async def runtime(
-    stores: dict[str, RocksKV], chunk: int = 500
+    stores: dict[str, RocksKV], chunk: int = 500, opened: bool = True
 ) -> tuple[Runtime, dict[str, TaskRunner]]:
+    """A runtime over a stand-in consumer, with the tasks of ``LAYOUT`` open (or none)."""
     # ticks never due: a tick's caught-up check would ask the broker
     cfg = Config(bootstrap="-", app="app", topics=("in",), state_dir="-", tick_ms=10**9,
                  chunk_records=chunk)  # fmt: skip
-    rt = Runtime(cfg, lambda counts: [], lambda task: Steps())
+    rt = Runtime(cfg, lambda counts: LAYOUT, lambda task: Steps())
     await rt.consumer.stop()  # never started: only replaced
     await rt.reader.stop()
     rt.consumer = Consumer()
-    for name, tp in (("a", A), ("b", B)):
-        task = Task(name, (tp,), TopicPartition("log", 0))
-        r = TaskRunner(task, rt.factory, cfg, Producer())
-        r.kv = Overlay(stores[name])
-        r.committed, r.next, r.fed = {tp: 0}, {tp: 0}, {tp: 0}
+    for task in LAYOUT if opened else ():
+        r = rt.tasks[task.name] = runner(task, rt, stores)
         r.last_tick = float("inf")
-        rt.tasks[name] = r
     aged(rt)
     return rt, rt.tasks
 
@@ -337,23 +347,14 @@ def test_tasks_assigned_are_opened_by_the_loop_not_in_the_rebalance_callback(
     from the group. The callback notes them, their inputs paused; the loop opens them."""
 
     async def run() -> None:
-        cfg = Config(bootstrap="-", app="app", topics=("in",), state_dir="-", tick_ms=10**9)
-        layout = [
-            Task(n, (tp,), TopicPartition("log", tp.partition)) for n, tp in (("a", A), ("b", B))
-        ]
-        rt = Runtime(cfg, lambda counts: layout, lambda task: Steps())
-        await rt.consumer.stop()  # never started: only replaced
-        await rt.reader.stop()
-        consumer = rt.consumer = Consumer()
+        rt, _ = await runtime(stores, opened=False)
+        consumer = rt.consumer
+        assert isinstance(consumer, Consumer)
         opened: list[str] = []
 
-        async def open_task(task: Task, factory: Any, cfg: Config, **_: Any) -> TaskRunner:
+        async def open_task(task: Task, *_: Any, **__: Any) -> TaskRunner:
             opened.append(task.name)
-            r = TaskRunner(task, factory, cfg, Producer())
-            r.kv = Overlay(stores[task.name])
-            (tp,) = task.inputs
-            r.committed, r.next, r.fed = {tp: 0}, {tp: 0}, {tp: 0}
-            return r
+            return runner(task, rt, stores)
 
         monkeypatch.setattr(TaskRunner, "open", open_task)
         await rt.assign({A, B})
